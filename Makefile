@@ -1,0 +1,21 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+GO ?= go
+
+.PHONY: demo test redis fuzz bench
+
+demo:
+	$(GO) run ./cmd/tokengate demo
+
+# Runs every test with the race detector, and every benchmark once so none can rot.
+# The Redis and Redis Cluster tests start their own redis-server processes.
+test: redis
+	$(GO) test -race -count=1 -timeout 25m -bench . -benchtime 1x ./...
+
+# Debian's redis-server is the only outside program the tests need.
+redis:
+	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
+	  echo "installing redis-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...

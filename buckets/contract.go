@@ -1,0 +1,127 @@
+package buckets
+
+import (
+	"context"
+	"time"
+)
+
+// Bucket names one token bucket of a request's chain (S10): the store key of
+// the identity it belongs to and the rules it follows. The zero value is not
+// usable: Key and Limit are required.
+type Bucket struct {
+	// Name is the configuration name of the bucket ("user", "team",
+	// "provider"). It is used in decisions, response headers and metric
+	// labels, never as a store key.
+	Name string
+	// Key identifies the bucket in the store. It is derived from an
+	// authenticated identity (S9a) and must not contain raw API keys.
+	Key string
+	// Limit is the capacity and refill rate (S1).
+	Limit Limit
+	// Hard buckets never go below zero (S14): settlement clamps at zero and
+	// an incremental debit that would cross zero is refused.
+	Hard bool
+	// MaxDebt is how far below zero settlement may drive a soft bucket (S9).
+	// Zero means the default, one capacity (a floor of -Capacity).
+	MaxDebt float64
+	// Headroom is the part of the capacity that only priority requests may
+	// use (S19): a non-priority request is admitted only if the level stays
+	// at or above Headroom after taking its cost.
+	Headroom float64
+}
+
+// Slot names a concurrency limit (S11): at most Max requests in flight per
+// Key. Slots are leases that expire after Lease unless released, so a gateway
+// that dies does not leak them forever.
+type Slot struct {
+	Name  string
+	Key   string
+	Max   int
+	Lease time.Duration
+}
+
+// Request is one admission attempt: take Cost tokens from every bucket and a
+// slot from every concurrency limit, all or none (S3).
+type Request struct {
+	// ID identifies the request for idempotent settlement.
+	ID       string
+	Cost     float64
+	Buckets  []Bucket
+	Slots    []Slot
+	Priority bool
+	// MaxWait, when positive, lets the request be admitted ahead of time
+	// (S12): if the tokens will be there within MaxWait, they are taken now
+	// and Decision.Wait tells how long to hold the request before forwarding.
+	MaxWait time.Duration
+}
+
+// Reason says why a decision came out the way it did.
+type Reason int
+
+const (
+	// Admitted: every bucket and slot admitted the request.
+	Admitted Reason = iota
+	// ShortOfTokens: some bucket has too few tokens now (S5).
+	ShortOfTokens
+	// ConcurrencyFull: some concurrency limit is at its maximum (S11).
+	ConcurrencyFull
+	// NeverAdmissible: the cost exceeds some bucket's capacity (S4).
+	NeverAdmissible
+)
+
+// BucketState is one bucket's view after a decision.
+type BucketState struct {
+	Name      string
+	Limit     Limit
+	Remaining float64
+	// Reset is the time until the bucket is full again.
+	Reset time.Duration
+}
+
+// Decision is the result of Reserve. Being over the limit is a Decision,
+// never an error.
+type Decision struct {
+	OK     bool
+	Reason Reason
+	// Limiting is the Name of the most limiting bucket or slot (S10); for an
+	// admitted request, the bucket with the least remaining.
+	Limiting string
+	// Wait is, when refused for tokens, the earliest time until admission
+	// (S5, the largest over short buckets); when admitted ahead of time
+	// (Request.MaxWait), how long to hold the request.
+	Wait time.Duration
+	// Buckets holds the state of each bucket of the request, in order.
+	Buckets []BucketState
+	// Reservation is set when OK; it must be settled exactly once.
+	Reservation *Reservation
+}
+
+// Reservation is an admitted request's claim on its buckets and slots. It is
+// owned by the goroutine handling the request.
+type Reservation struct {
+	ID       string
+	Cost     float64
+	Buckets  []Bucket
+	Slots    []Slot
+	Priority bool
+	// Extended is what Extend debited from the hard buckets beyond Cost.
+	Extended float64
+}
+
+// Store is the contract that the memory and Redis stores satisfy
+// identically. All methods are safe for concurrent use.
+type Store interface {
+	// Reserve attempts an admission (S3–S5, S11, S12). It writes nothing when
+	// the request is refused.
+	Reserve(ctx context.Context, req Request) (Decision, error)
+	// Extend debits n more tokens from the reservation's hard buckets, all or
+	// none (S14). ok is false when a hard bucket would go below zero; the
+	// caller then cuts the stream off. Soft buckets are charged at Settle.
+	Extend(ctx context.Context, r *Reservation, n float64) (ok bool, err error)
+	// Settle replaces the reservation by the actual usage (S8, S9) and
+	// releases its slots. Settling the same reservation ID twice changes
+	// nothing the second time.
+	Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error)
+	// Pause marks the bucket empty until the given time (S18).
+	Pause(ctx context.Context, b Bucket, until time.Time) error
+}

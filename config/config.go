@@ -1,0 +1,328 @@
+// Package config reads tokengate's one configuration file: listeners, the
+// bucket store and its failure mode, the tokenizer's fallbacks, and the
+// policies that Envoy routes choose between.
+//
+// Decoding is strict: an unknown key is an error, as is a missing required
+// field or an invalid value. Every problem in a file is reported at once,
+// each with the file, the YAML line and the field path. A loaded Config is
+// immutable.
+package config
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// Config is a whole tokengate configuration file. The zero value is not
+// valid; use Load, Parse or Default.
+type Config struct {
+	Listeners     Listeners `yaml:"listeners"`
+	Store         Store     `yaml:"store"`
+	Tokenizer     Tokenizer `yaml:"tokenizer"`
+	DefaultPolicy string    `yaml:"default_policy"`
+	Policies      []Policy  `yaml:"policies"`
+	// Namespace is the Envoy dynamic metadata namespace that token counts
+	// are written to (S24).
+	Namespace string `yaml:"metadata_namespace"`
+	// PolicyMetadataKey is the gRPC initial metadata key that names a
+	// route's policy (ExtProcPerRoute.overrides.grpc_initial_metadata).
+	PolicyMetadataKey string `yaml:"policy_metadata_key"`
+	// ShutdownGrace bounds how long in-flight streams may run after a stop
+	// signal before they are settled and closed.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+}
+
+// Listeners are the addresses tokengate listens on.
+type Listeners struct {
+	// GRPC serves ext_proc and the gRPC health service.
+	GRPC string `yaml:"grpc"`
+	// Admin serves /metrics, /healthz and /readyz over HTTP.
+	Admin string `yaml:"admin"`
+	// MaxRecvMsgBytes bounds one gRPC message from Envoy; a BUFFERED request
+	// body travels as one message.
+	MaxRecvMsgBytes int `yaml:"max_recv_msg_bytes"`
+}
+
+// Store chooses where bucket state lives (S20) and what happens when it is
+// unreachable (S21).
+type Store struct {
+	Type  string `yaml:"type"` // memory or redis
+	Redis Redis  `yaml:"redis"`
+	// OnFailure is "closed" (refuse with 503) or "open" (admit against the
+	// local fallback limit).
+	OnFailure string `yaml:"on_failure"`
+	// Fallback is the local per-bucket limit used while failing open.
+	Fallback *Rate `yaml:"fallback"`
+}
+
+// Redis configures the Redis store; one address is a standalone server,
+// several (or Cluster) a Redis Cluster.
+type Redis struct {
+	Addrs       []string      `yaml:"addrs"`
+	Cluster     bool          `yaml:"cluster"`
+	Username    string        `yaml:"username"`
+	PasswordEnv string        `yaml:"password_env"`
+	DB          int           `yaml:"db"`
+	TLS         *TLS          `yaml:"tls"`
+	KeyPrefix   string        `yaml:"key_prefix"`
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	Timeout     time.Duration `yaml:"timeout"`
+	PoolSize    int           `yaml:"pool_size"`
+}
+
+// TLS configures TLS to Redis.
+type TLS struct {
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// Rate is a tokens-per-minute limit with an optional burst (S1).
+type Rate struct {
+	TokensPerMinute float64 `yaml:"tokens_per_minute"`
+	Burst           float64 `yaml:"burst"`
+}
+
+// Tokenizer configures token counting.
+type Tokenizer struct {
+	// FallbackEncoding counts models no rule knows ("" refuses them).
+	FallbackEncoding string `yaml:"fallback_encoding"`
+	// DefaultOutputTokens is the output allowance of a request without a
+	// cap before history has taught an estimate (S7).
+	DefaultOutputTokens int `yaml:"default_output_tokens"`
+	// MaxOutputTokens is the largest output cap a request may carry; more is
+	// refused as absurd.
+	MaxOutputTokens int `yaml:"max_output_tokens"`
+}
+
+// Policy is one set of limits that a route can choose.
+type Policy struct {
+	Name        string        `yaml:"name"`
+	Identities  []Identity    `yaml:"identities"`
+	Anonymous   string        `yaml:"anonymous"` // shared or reject
+	Buckets     []Bucket      `yaml:"buckets"`
+	Concurrency []Concurrency `yaml:"concurrency"`
+	Wait        *Wait         `yaml:"wait"`
+	// MaxOutputTokens is a hard per-request output cap (S14); 0 is none.
+	MaxOutputTokens int `yaml:"max_output_tokens"`
+	// ClampOutput rewrites the body's output cap to what was reserved.
+	ClampOutput *bool `yaml:"clamp_output"`
+	// InjectUsage asks OpenAI streams for usage (S15); default true.
+	InjectUsage *bool `yaml:"inject_usage"`
+	// PriorityHeader marks priority traffic (S19) when set to true or 1.
+	PriorityHeader string `yaml:"priority_header"`
+}
+
+// Identity says where one identity of a request is found (S9a): a header set
+// by an auth filter, or a key in forwarded dynamic metadata (JWT claims).
+type Identity struct {
+	Name     string `yaml:"name"`
+	Header   string `yaml:"header"`
+	Metadata string `yaml:"metadata"` // dynamic metadata namespace
+	Path     string `yaml:"path"`     // dotted path inside that namespace
+	// Hash stores a digest instead of the value (always on for API keys).
+	Hash bool `yaml:"hash"`
+}
+
+// Bucket is one bucket of a policy's chain (S10).
+type Bucket struct {
+	Name string `yaml:"name"`
+	// Per is an identity name, "model", or empty for one global bucket.
+	Per             string         `yaml:"per"`
+	TokensPerMinute float64        `yaml:"tokens_per_minute"`
+	Burst           float64        `yaml:"burst"`
+	ProviderLimit   *ProviderLimit `yaml:"provider_limit"`
+	Hard            bool           `yaml:"hard"`
+	MaxDebt         float64        `yaml:"max_debt"`
+}
+
+// ProviderLimit configures a bucket from the provider's own limit (S19).
+type ProviderLimit struct {
+	TokensPerMinute float64  `yaml:"tokens_per_minute"`
+	SafetyFactor    *float64 `yaml:"safety_factor"` // default 0.9
+	// PriorityHeadroom is the fraction of the capacity only priority
+	// traffic may use.
+	PriorityHeadroom float64 `yaml:"priority_headroom"`
+}
+
+// Concurrency caps requests in flight per key (S11).
+type Concurrency struct {
+	Name  string        `yaml:"name"`
+	Per   string        `yaml:"per"`
+	Max   int           `yaml:"max"`
+	Lease time.Duration `yaml:"lease"`
+}
+
+// Wait lets a short request wait instead of being refused (S12).
+type Wait struct {
+	MaxWait  time.Duration `yaml:"max_wait"`
+	MaxQueue int           `yaml:"max_queue"`
+}
+
+// Problem is one thing wrong with a configuration file.
+type Problem struct {
+	File  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+func (p Problem) Error() string {
+	var b strings.Builder
+	b.WriteString(p.File)
+	if p.Line > 0 {
+		fmt.Fprintf(&b, ":%d", p.Line)
+	}
+	if p.Field != "" {
+		b.WriteString(": ")
+		b.WriteString(p.Field)
+	}
+	b.WriteString(": ")
+	b.WriteString(p.Msg)
+	return b.String()
+}
+
+// Problems is every problem found in one file; it is the error Load and
+// Parse return.
+type Problems []Problem
+
+func (ps Problems) Error() string {
+	lines := make([]string, len(ps))
+	for i, p := range ps {
+		lines[i] = p.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+//go:embed default.yaml
+var defaultYAML []byte
+
+// DefaultYAML is the embedded configuration used when none is given.
+func DefaultYAML() []byte { return defaultYAML }
+
+// Default returns the embedded default configuration: the memory store and
+// the documented default policy.
+func Default() *Config {
+	c, err := Parse("embedded default", defaultYAML)
+	if err != nil {
+		panic("embedded default configuration is invalid: " + err.Error())
+	}
+	return c
+}
+
+// Load reads and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and validates a configuration; file names it in problems.
+func Parse(file string, data []byte) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, Problems{{File: file, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}}
+	}
+	if len(root.Content) == 0 {
+		return nil, Problems{{File: file, Msg: "the file is empty"}}
+	}
+	v := &validator{file: file, lines: map[string]int{}}
+	v.index(root.Content[0], "")
+	var c Config
+	if err := root.Content[0].Decode(&c); err != nil {
+		v.decodeErrors(err)
+	}
+	// Strictness: unknown keys are found by walking the node tree against
+	// the struct fields, so all of them are reported, each with its path.
+	v.unknownKeys(root.Content[0], "", configShape)
+	if len(v.problems) == 0 {
+		c.applyDefaults()
+		v.validate(&c)
+	}
+	if len(v.problems) > 0 {
+		sort.SliceStable(v.problems, func(i, j int) bool { return v.problems[i].Line < v.problems[j].Line })
+		return nil, v.problems
+	}
+	return &c, nil
+}
+
+// Policy returns the policy with the given name.
+func (c *Config) Policy(name string) (Policy, bool) {
+	for _, p := range c.Policies {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Policy{}, false
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listeners.GRPC == "" {
+		c.Listeners.GRPC = "127.0.0.1:50051"
+	}
+	if c.Listeners.Admin == "" {
+		c.Listeners.Admin = "127.0.0.1:9090"
+	}
+	if c.Listeners.MaxRecvMsgBytes == 0 {
+		c.Listeners.MaxRecvMsgBytes = 64 << 20
+	}
+	if c.Store.Type == "" {
+		c.Store.Type = "memory"
+	}
+	if c.Store.OnFailure == "" {
+		c.Store.OnFailure = "closed"
+	}
+	if c.Store.Redis.KeyPrefix == "" {
+		c.Store.Redis.KeyPrefix = "tokengate:"
+	}
+	if c.Store.Redis.DialTimeout == 0 {
+		c.Store.Redis.DialTimeout = time.Second
+	}
+	if c.Store.Redis.Timeout == 0 {
+		c.Store.Redis.Timeout = 250 * time.Millisecond
+	}
+	if c.Tokenizer.DefaultOutputTokens == 0 {
+		c.Tokenizer.DefaultOutputTokens = 1024
+	}
+	if c.Tokenizer.MaxOutputTokens == 0 {
+		c.Tokenizer.MaxOutputTokens = 1 << 20
+	}
+	if c.Namespace == "" {
+		c.Namespace = "tokengate"
+	}
+	if c.PolicyMetadataKey == "" {
+		c.PolicyMetadataKey = "x-tokengate-policy"
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 30 * time.Second
+	}
+	if c.DefaultPolicy == "" && len(c.Policies) == 1 {
+		c.DefaultPolicy = c.Policies[0].Name
+	}
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		if p.Anonymous == "" {
+			p.Anonymous = "shared"
+		}
+		for j := range p.Concurrency {
+			if p.Concurrency[j].Lease == 0 {
+				p.Concurrency[j].Lease = 10 * time.Minute
+			}
+		}
+	}
+}
+
+// ErrNoConfig is returned by LoadOrDefault callers that want to know the
+// default was used.
+var ErrNoConfig = errors.New("no configuration file given")

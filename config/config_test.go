@@ -1,0 +1,160 @@
+package config
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// Every fixture under testdata/invalid names, in "# want:" lines, the
+// problems it must produce: one fixture per class of configuration error.
+func TestInvalidFixtures(t *testing.T) {
+	files, err := filepath.Glob("testdata/invalid/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no fixtures: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wants []string
+			sc := bufio.NewScanner(bytes.NewReader(data))
+			for sc.Scan() {
+				if w, ok := strings.CutPrefix(sc.Text(), "# want: "); ok {
+					wants = append(wants, w)
+				}
+			}
+			if len(wants) == 0 {
+				t.Fatal("fixture has no '# want:' line")
+			}
+			_, err = Parse(filepath.Base(f), data)
+			var ps Problems
+			if !errors.As(err, &ps) {
+				t.Fatalf("Parse error = %v, want Problems", err)
+			}
+			if len(ps) != len(wants) {
+				t.Errorf("got %d problems, want %d:\n%v", len(ps), len(wants), err)
+			}
+			for _, w := range wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("problems do not contain %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// All problems of a file are reported at once, not only the first.
+func TestAllProblemsAtOnce(t *testing.T) {
+	_, err := Parse("x.yaml", []byte(`
+store: {type: redis, on_failure: sideways}
+policies:
+  - name: Bad Name
+    buckets:
+      - {name: b, tokens_per_minute: -1}
+    concurrency:
+      - {name: c, max: 0}
+`))
+	var ps Problems
+	if !errors.As(err, &ps) {
+		t.Fatalf("err = %v", err)
+	}
+	var fields []string
+	for _, p := range ps {
+		fields = append(fields, p.Field)
+	}
+	want := []string{"store.redis.addrs", "store.on_failure", "policies[0].name", "policies[0].buckets[0].tokens_per_minute", "policies[0].concurrency[0].max"}
+	for _, w := range want {
+		if !contains(fields, w) {
+			t.Errorf("no problem for %s in:\n%v", w, err)
+		}
+	}
+}
+
+func contains(s []string, x string) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func TestDefault(t *testing.T) {
+	c := Default()
+	if c.Store.Type != "memory" {
+		t.Errorf("default store = %q, want memory", c.Store.Type)
+	}
+	p, ok := c.Policy(c.DefaultPolicy)
+	if !ok {
+		t.Fatalf("default policy %q not defined", c.DefaultPolicy)
+	}
+	if len(p.Buckets) == 0 || p.Identities[0].Hash != true {
+		t.Errorf("default policy = %+v, want buckets and a hashed API key identity", p)
+	}
+}
+
+func TestDefaultsApplied(t *testing.T) {
+	c, err := Parse("x.yaml", []byte(`
+policies:
+  - name: only
+    buckets:
+      - {name: global, tokens_per_minute: 600}
+    concurrency:
+      - {name: slots, max: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := struct {
+		Default, Store, OnFailure, NS, Key string
+		Lease                             time.Duration
+	}{c.DefaultPolicy, c.Store.Type, c.Store.OnFailure, c.Namespace, c.PolicyMetadataKey, c.Policies[0].Concurrency[0].Lease}
+	want := struct {
+		Default, Store, OnFailure, NS, Key string
+		Lease                             time.Duration
+	}{"only", "memory", "closed", "tokengate", "x-tokengate-policy", 10 * time.Minute}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("defaults (-want +got):\n%s", d)
+	}
+}
+
+// Every valid fixture and shipped example config loads.
+func TestValidFixtures(t *testing.T) {
+	files, _ := filepath.Glob("testdata/valid/*.yaml")
+	more, _ := filepath.Glob("../examples/*/tokengate*.yaml")
+	files = append(files, more...)
+	for _, f := range files {
+		if _, err := Load(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(DefaultYAML())
+	files, _ := filepath.Glob("testdata/invalid/*.yaml")
+	for _, p := range files {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse("fuzz.yaml", data)
+		if (c == nil) == (err == nil) {
+			t.Fatalf("Parse returned config %v and error %v", c != nil, err)
+		}
+		if err != nil && err.Error() == "" {
+			t.Fatal("empty error message")
+		}
+	})
+}
