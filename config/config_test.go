@@ -131,8 +131,9 @@ policies:
 // Every valid fixture and shipped example config loads.
 func TestValidFixtures(t *testing.T) {
 	files, _ := filepath.Glob("testdata/valid/*.yaml")
-	more, _ := filepath.Glob("../examples/*/tokengate*.yaml")
+	more, _ := filepath.Glob("../examples/configs/*.yaml")
 	files = append(files, more...)
+	files = append(files, "../examples/compose/tokengate.yaml")
 	for _, f := range files {
 		if _, err := Load(f); err != nil {
 			t.Errorf("%s: %v", f, err)

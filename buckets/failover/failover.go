@@ -1,0 +1,226 @@
+// Package failover decides what happens while the shared bucket store is
+// unreachable (S21): fail closed (every admission answers ErrStore, which the
+// ext_proc server turns into a 503) or fail open (admit against a local
+// fallback limit held in memory, per bucket, on this gateway only).
+//
+// A Store wraps the primary (Redis) store. After a failed call it stops
+// calling the primary for a short back-off, so a dead Redis does not make
+// every request wait for a timeout and goroutines do not pile up on it; the
+// first call after the back-off probes the primary again, and its success
+// ends the outage. State changes are logged once each, not per request.
+package failover
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+// Mode is the configured behaviour while the primary store is down.
+type Mode int
+
+const (
+	// Closed refuses every admission with buckets.ErrStore.
+	Closed Mode = iota
+	// Open admits against Options.Fallback, per bucket, locally.
+	Open
+)
+
+// Options configures a Store. Only Mode (and, for Open, Fallback) matter to
+// most callers.
+type Options struct {
+	Mode Mode
+	// Fallback is the limit each bucket gets locally while failing open.
+	Fallback buckets.Limit
+	// Backoff is how long the primary is left alone after a failure before
+	// it is probed again; zero means one second.
+	Backoff time.Duration
+	// Now is the clock for back-off and the fallback store; nil means
+	// time.Now.
+	Now func() time.Time
+	// Logger receives one line per outage start and end.
+	Logger *slog.Logger
+	// OnFallback, if set, is called for every operation answered while the
+	// primary is down (for metrics).
+	OnFallback func(op string)
+}
+
+// Store is a buckets.Store that survives an unreachable primary. It is safe
+// for concurrent use. Use New.
+type Store struct {
+	primary  buckets.Store
+	local    *buckets.Memory // nil when failing closed
+	opts     Options
+	downTill atomic.Int64 // unix nanos until which the primary is skipped
+	down     atomic.Bool
+	// fallbackIDs remembers the reservations the local store made, so they
+	// settle where they were taken.
+	fallbackIDs sync.Map
+}
+
+var _ buckets.Store = (*Store)(nil)
+
+// New wraps primary.
+func New(primary buckets.Store, opts Options) *Store {
+	if opts.Backoff <= 0 {
+		opts.Backoff = time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{primary: primary, opts: opts}
+	if opts.Mode == Open {
+		s.local = buckets.NewMemory(buckets.MemoryOptions{Now: opts.Now})
+	}
+	return s
+}
+
+// FailsOpen reports whether the store admits locally during an outage.
+func (s *Store) FailsOpen() bool { return s.opts.Mode == Open }
+
+// Healthy reports whether the primary answered its last call.
+func (s *Store) Healthy() bool { return !s.down.Load() }
+
+func (s *Store) skipPrimary() bool {
+	return s.down.Load() && s.opts.Now().UnixNano() < s.downTill.Load()
+}
+
+// failed records a primary failure; it reports whether err is a store
+// failure (as opposed to invalid input, which passes through).
+func (s *Store) failed(err error) bool {
+	if err == nil || !isOutage(err) {
+		return false
+	}
+	s.downTill.Store(s.opts.Now().Add(s.opts.Backoff).UnixNano())
+	if !s.down.Swap(true) {
+		mode := "closed: admissions answer 503"
+		if s.opts.Mode == Open {
+			mode = "open: admitting against the local fallback limit"
+		}
+		s.opts.Logger.Error("bucket store unreachable; failing "+mode, "err", err)
+	}
+	return true
+}
+
+func (s *Store) succeeded() {
+	if s.down.Swap(false) {
+		s.opts.Logger.Info("bucket store reachable again; shared limits apply")
+	}
+}
+
+func isOutage(err error) bool {
+	return errors.Is(err, buckets.ErrStore) || errors.Is(err, context.DeadlineExceeded)
+}
+
+func (s *Store) fallback(op string) {
+	if s.opts.OnFallback != nil {
+		s.opts.OnFallback(op)
+	}
+}
+
+// localRequest replaces every bucket's limit with the fallback limit.
+func (s *Store) localRequest(req buckets.Request) buckets.Request {
+	bs := make([]buckets.Bucket, len(req.Buckets))
+	for i, b := range req.Buckets {
+		b.Limit = s.opts.Fallback
+		if b.Headroom > b.Limit.Capacity {
+			b.Headroom = 0
+		}
+		bs[i] = b
+	}
+	req.Buckets = bs
+	return req
+}
+
+// Reserve implements buckets.Store.
+func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decision, error) {
+	if !s.skipPrimary() {
+		d, err := s.primary.Reserve(ctx, req)
+		if !s.failed(err) {
+			if err == nil {
+				s.succeeded()
+			}
+			return d, err
+		}
+		if ctx.Err() != nil {
+			return buckets.Decision{}, err
+		}
+	}
+	s.fallback("reserve")
+	if s.local == nil {
+		return buckets.Decision{}, buckets.ErrStore
+	}
+	d, err := s.local.Reserve(ctx, s.localRequest(req))
+	if err == nil && d.Reservation != nil {
+		s.fallbackIDs.Store(d.Reservation.ID, struct{}{})
+	}
+	return d, err
+}
+
+// Extend implements buckets.Store. A reservation made by the primary while it
+// is down cannot be metered; failing closed cuts the stream (hard budgets
+// must hold), failing open lets it run.
+func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	if _, ok := s.fallbackIDs.Load(r.ID); ok {
+		return s.local.Extend(ctx, r, n)
+	}
+	if !s.skipPrimary() {
+		ok, err := s.primary.Extend(ctx, r, n)
+		if !s.failed(err) {
+			if err == nil {
+				s.succeeded()
+			}
+			return ok, err
+		}
+	}
+	s.fallback("extend")
+	if s.opts.Mode == Open {
+		return true, nil
+	}
+	return false, buckets.ErrStore
+}
+
+// Settle implements buckets.Store. Reservations taken locally settle
+// locally. A primary reservation that cannot be settled during an outage
+// keeps what it reserved: the tokens stay charged (the safe side), slots
+// expire with their lease.
+func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
+	if _, ok := s.fallbackIDs.LoadAndDelete(r.ID); ok {
+		return s.local.Settle(ctx, r, actual)
+	}
+	if s.skipPrimary() {
+		s.fallback("settle")
+		return nil, buckets.ErrStore
+	}
+	st, err := s.primary.Settle(ctx, r, actual)
+	if !s.failed(err) && err == nil {
+		s.succeeded()
+	}
+	return st, err
+}
+
+// Pause implements buckets.Store; during an outage the pause also applies
+// to the local fallback bucket.
+func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
+	if s.local != nil {
+		lb := b
+		lb.Limit = s.opts.Fallback
+		_ = s.local.Pause(ctx, lb, until)
+	}
+	if s.skipPrimary() {
+		return buckets.ErrStore
+	}
+	err := s.primary.Pause(ctx, b, until)
+	if !s.failed(err) && err == nil {
+		s.succeeded()
+	}
+	return err
+}

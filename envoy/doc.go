@@ -1,0 +1,46 @@
+// Package envoy holds the Envoy configuration that ships with tokengate and
+// checks Envoy configuration against Envoy's own API and tokengate's needs.
+//
+// tokengate runs beside Envoy as an external processor (ext_proc): Envoy
+// sends it each request's headers and buffered body, and streams the
+// response body to it in FULL_DUPLEX_STREAMED mode so that tokengate can meter
+// output live and end a stream cleanly when a hard budget runs out (SPEC S13,
+// S14). That only works when Envoy is configured for it; Validate finds the
+// configurations that would silently meter nothing, time out on large
+// prompts, or cut long generations.
+//
+// The recommended configuration (Envoy ≥ 1.36) and the STREAMED fallback for
+// older Envoy are embedded: see Files, Recommended and StreamedFallback.
+package envoy
+
+import "embed"
+
+// File names of the shipped configurations inside Files.
+const (
+	RecommendedFile      = "envoy.yaml"
+	StreamedFallbackFile = "envoy-1.33-streamed.yaml"
+)
+
+// Files holds the shipped Envoy configurations, by file name. It is
+// read-only and safe for concurrent use.
+//
+//go:embed envoy.yaml envoy-1.33-streamed.yaml
+var Files embed.FS
+
+// Recommended returns a copy of envoy.yaml: the bootstrap for Envoy ≥ 1.36
+// that fronts an OpenAI-compatible upstream (mockllm:9000 in the compose
+// stack) with tokengate at tokengate:50051.
+func Recommended() []byte { return mustRead(RecommendedFile) }
+
+// StreamedFallback returns a copy of envoy-1.33-streamed.yaml: the same
+// bootstrap with the response body in STREAMED mode, for Envoy 1.33–1.35.
+// A cut-off there cannot end the response or cancel the upstream.
+func StreamedFallback() []byte { return mustRead(StreamedFallbackFile) }
+
+func mustRead(name string) []byte {
+	b, err := Files.ReadFile(name)
+	if err != nil {
+		panic("envoy: embedded file missing: " + name) // impossible: go:embed checks at build time
+	}
+	return b // ReadFile returns a fresh copy
+}

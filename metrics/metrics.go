@@ -1,0 +1,195 @@
+// Package metrics exports what tokengate does as Prometheus metrics (S24):
+// decisions by reason, tokens reserved and settled, the estimate error, cut-
+// offs, stream outcomes, and the bucket store's latency, errors and fallback
+// answers.
+//
+// Labels come from configuration names only (policy, model family, store
+// operation), never from users or API keys, so their number stays bounded.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/extproc"
+)
+
+// Metrics holds tokengate's collectors. Create it with New; it is safe for
+// concurrent use.
+type Metrics struct {
+	requests      *prometheus.CounterVec
+	reserved      *prometheus.CounterVec
+	settled       *prometheus.CounterVec
+	estimateError *prometheus.HistogramVec
+	cutoffs       *prometheus.CounterVec
+	streams       *prometheus.CounterVec
+	storeLatency  *prometheus.HistogramVec
+	storeErrors   *prometheus.CounterVec
+	fallback      *prometheus.CounterVec
+	storeUp       prometheus.Gauge
+}
+
+// New registers tokengate's collectors on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_requests_total",
+			Help: "Requests by policy and decision (admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error, unmetered).",
+		}, []string{"policy", "decision"}),
+		reserved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_tokens_reserved_total",
+			Help: "Tokens reserved at admission (input plus output allowance, extensions included).",
+		}, []string{"policy", "model_family"}),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_tokens_settled_total",
+			Help: "Tokens charged at settlement (the real usage).",
+		}, []string{"policy", "model_family"}),
+		estimateError: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tokengate_estimate_error_ratio",
+			Help:    "Settled divided by reserved tokens per admitted request: below 1 the reservation was too high, above 1 too low (debt).",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.1, 1.25, 1.5, 2, 4},
+		}, []string{"policy"}),
+		cutoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_cutoffs_total",
+			Help: "Streams cut off at a hard budget (S14).",
+		}, []string{"policy"}),
+		streams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_stream_outcomes_total",
+			Help: "How admitted requests ended: complete, cut_off, aborted, upstream_error, no_response, shutdown.",
+		}, []string{"policy", "outcome"}),
+		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tokengate_store_seconds",
+			Help:    "Bucket store call latency by operation.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_store_errors_total",
+			Help: "Bucket store calls that failed, by operation.",
+		}, []string{"op"}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_store_fallback_total",
+			Help: "Operations answered without the shared store while it was unreachable (S21).",
+		}, []string{"op"}),
+		storeUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tokengate_store_up",
+			Help: "1 while the bucket store answers, 0 during an outage.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
+		m.storeLatency, m.storeErrors, m.fallback, m.storeUp)
+	m.storeUp.Set(1)
+	return m
+}
+
+// Finish records one request's outcome; pass it as extproc.Config.OnFinish.
+func (m *Metrics) Finish(o extproc.Outcome) {
+	if o.Decision == "" {
+		return
+	}
+	m.requests.WithLabelValues(o.Policy, o.Decision).Inc()
+	if o.Reserved == 0 && o.Settled == 0 {
+		return
+	}
+	fam := Family(o.Model)
+	m.reserved.WithLabelValues(o.Policy, fam).Add(float64(o.Reserved))
+	m.settled.WithLabelValues(o.Policy, fam).Add(float64(o.Settled))
+	if o.Reserved > 0 {
+		m.estimateError.WithLabelValues(o.Policy).Observe(float64(o.Settled) / float64(o.Reserved))
+	}
+	if o.CutOff {
+		m.cutoffs.WithLabelValues(o.Policy).Inc()
+	}
+	if o.SettleOutcome != "" {
+		m.streams.WithLabelValues(o.Policy, o.SettleOutcome).Inc()
+	}
+}
+
+// Fallback counts an operation answered during a store outage; pass it as
+// failover.Options.OnFallback.
+func (m *Metrics) Fallback(op string) { m.fallback.WithLabelValues(op).Inc() }
+
+// StoreUp sets the store health gauge.
+func (m *Metrics) StoreUp(up bool) {
+	if up {
+		m.storeUp.Set(1)
+	} else {
+		m.storeUp.Set(0)
+	}
+}
+
+// Family maps a model name to a bounded label: the model family, never the
+// raw string a client sent.
+func Family(model string) string {
+	m := strings.ToLower(model)
+	if i := strings.LastIndexByte(m, '/'); i >= 0 {
+		m = m[i+1:]
+	}
+	for _, f := range families {
+		if strings.HasPrefix(m, f) {
+			return f
+		}
+	}
+	if m == "" {
+		return "none"
+	}
+	return "other"
+}
+
+// families are matched in order, longest prefix first where they overlap.
+var families = []string{
+	"gpt-5", "gpt-4.1", "gpt-4o", "gpt-4", "gpt-3.5", "o1", "o3", "o4",
+	"text-embedding", "claude", "gemini",
+}
+
+// Store wraps a buckets.Store to time its calls and count its errors.
+type Store struct {
+	buckets.Store
+	m *Metrics
+}
+
+// Instrument returns s wrapped with latency and error metrics.
+func (m *Metrics) Instrument(s buckets.Store) *Store { return &Store{Store: s, m: m} }
+
+func (s *Store) observe(op string, start time.Time, err error) {
+	s.m.storeLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil && !errors.Is(err, context.Canceled) {
+		s.m.storeErrors.WithLabelValues(op).Inc()
+	}
+}
+
+// Reserve implements buckets.Store.
+func (s *Store) Reserve(ctx context.Context, r buckets.Request) (buckets.Decision, error) {
+	start := time.Now()
+	d, err := s.Store.Reserve(ctx, r)
+	s.observe("reserve", start, err)
+	return d, err
+}
+
+// Extend implements buckets.Store.
+func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	start := time.Now()
+	ok, err := s.Store.Extend(ctx, r, n)
+	s.observe("extend", start, err)
+	return ok, err
+}
+
+// Settle implements buckets.Store.
+func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, n float64) ([]buckets.BucketState, error) {
+	start := time.Now()
+	st, err := s.Store.Settle(ctx, r, n)
+	s.observe("settle", start, err)
+	return st, err
+}
+
+// Pause implements buckets.Store.
+func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
+	start := time.Now()
+	err := s.Store.Pause(ctx, b, until)
+	s.observe("pause", start, err)
+	return err
+}

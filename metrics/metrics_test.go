@@ -1,0 +1,55 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokengate/tokengate/extproc"
+)
+
+func TestFinish(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Finish(extproc.Outcome{Policy: "default", Decision: "admitted", Model: "gpt-4o-mini-2024-07-18", Reserved: 200, Settled: 50, SettleOutcome: "complete"})
+	m.Finish(extproc.Outcome{Policy: "default", Decision: "admitted", Model: "claude-3-5-haiku", Reserved: 100, Settled: 100, SettleOutcome: "cut_off", CutOff: true})
+	m.Finish(extproc.Outcome{Policy: "default", Decision: "refused_tokens", Model: "gpt-4o"})
+
+	want := `
+# HELP tokengate_requests_total Requests by policy and decision (admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error, unmetered).
+# TYPE tokengate_requests_total counter
+tokengate_requests_total{decision="admitted",policy="default"} 2
+tokengate_requests_total{decision="refused_tokens",policy="default"} 1
+# HELP tokengate_tokens_settled_total Tokens charged at settlement (the real usage).
+# TYPE tokengate_tokens_settled_total counter
+tokengate_tokens_settled_total{model_family="claude",policy="default"} 100
+tokengate_tokens_settled_total{model_family="gpt-4o",policy="default"} 50
+# HELP tokengate_cutoffs_total Streams cut off at a hard budget (S14).
+# TYPE tokengate_cutoffs_total counter
+tokengate_cutoffs_total{policy="default"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_requests_total", "tokengate_tokens_settled_total", "tokengate_cutoffs_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.estimateError); n != 1 {
+		t.Errorf("estimate error series = %d, want 1", n)
+	}
+}
+
+// Labels never carry what a client sent: unknown models map to "other".
+func TestFamilyBounded(t *testing.T) {
+	for model, want := range map[string]string{
+		"gpt-4o-2024-08-06":        "gpt-4o",
+		"gpt-4-0613":               "gpt-4",
+		"openai/gpt-5-nano":        "gpt-5",
+		"my-secret-deployment-123": "other",
+		"":                         "none",
+		"gemini-2.5-flash":         "gemini",
+	} {
+		if got := Family(model); got != want {
+			t.Errorf("Family(%q) = %q, want %q", model, got, want)
+		}
+	}
+}
