@@ -1,0 +1,61 @@
+package provider_test
+
+import (
+	"fmt"
+
+	"github.com/tokengate/tokengate/extproc/provider"
+	"github.com/tokengate/tokengate/tokenizer"
+)
+
+// A response body arrives in arbitrary chunks: the Framer cuts it into
+// events, the Stream reads each for output text and usage and says what to
+// forward.
+func ExampleStream() {
+	chunks := []string{
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":17,\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_bl",
+		"ock_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":2}}\n\n",
+	}
+	var f provider.Framer
+	s := provider.NewStream(tokenizer.Messages, false, false)
+	for _, chunk := range chunks {
+		f.Feed([]byte(chunk))
+		for ev, ok := f.Next(); ok; ev, ok = f.Next() {
+			e, err := s.Observe(ev)
+			if err != nil {
+				fmt.Println(err)
+				continue
+			}
+			fmt.Printf("text %q, usage %v, forward %d bytes\n", e.Text, e.Usage, len(e.Forward))
+		}
+	}
+	u, ok := s.Usage()
+	fmt.Printf("%+v %v total %d\n", u, ok, u.Total())
+	// Output:
+	// text "", usage true, forward 139 bytes
+	// text "Hello", usage false, forward 120 bytes
+	// text "", usage true, forward 116 bytes
+	// {InputTokens:20 OutputTokens:2 CachedInputTokens:3 CacheCreationInputTokens:0 ReasoningTokens:0} true total 22
+}
+
+// At a hard budget the stream ends with finish_reason "length", the usage
+// chunk the client asked for, and [DONE] (S14).
+func ExampleStream_Close() {
+	s := provider.NewStream(tokenizer.ChatCompletions, true, false)
+	s.Observe([]byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1755137933,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}` + "\n\n"))
+	fmt.Print(string(s.Close(provider.Usage{InputTokens: 12, OutputTokens: 1})))
+	// Output:
+	// data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1755137933,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}
+	//
+	// data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1755137933,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}
+	//
+	// data: [DONE]
+}
+
+func ExampleParseUsage() {
+	body := []byte(`{"id":"resp_1","usage":{"input_tokens":11,"input_tokens_details":{"cached_tokens":0},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":16}}`)
+	u, ok, err := provider.ParseUsage(tokenizer.Responses, body)
+	fmt.Printf("%+v %v %v\n", u, ok, err)
+	// Output:
+	// {InputTokens:11 OutputTokens:5 CachedInputTokens:0 CacheCreationInputTokens:0 ReasoningTokens:2} true <nil>
+}

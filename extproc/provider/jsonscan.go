@@ -1,0 +1,445 @@
+package provider
+
+import (
+	"fmt"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// This file holds a small targeted JSON reader. A streamed response carries
+// hundreds of events, of which tokengate reads a handful of members; decoding
+// each event into maps would allocate per event on the hot path. The reader
+// walks the bytes in place instead: it skips the values it does not need and
+// returns offsets of the ones it does. Object keys are compared as raw bytes,
+// so a key spelled with escapes ("us\u0061ge") does not match; no provider
+// sends such keys.
+
+// maxDepth bounds nesting so that hostile input cannot exhaust the stack.
+const maxDepth = 512
+
+// syntaxError reports malformed JSON with the byte offset where it was found.
+type syntaxError struct {
+	off int
+	msg string
+}
+
+func (e *syntaxError) Error() string {
+	return fmt.Sprintf("invalid JSON at offset %d: %s", e.off, e.msg)
+}
+
+func errAt(off int, format string, args ...any) error {
+	return &syntaxError{off: off, msg: fmt.Sprintf(format, args...)}
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the offset just past the JSON value that starts at b[i]
+// (leading white space allowed).
+func skipValue(b []byte, i int) (int, error) { return skipValueDepth(b, i, 0) }
+
+func skipValueDepth(b []byte, i, depth int) (int, error) {
+	i = skipSpace(b, i)
+	if i >= len(b) {
+		return i, errAt(i, "unexpected end of input, want a value")
+	}
+	switch c := b[i]; {
+	case c == '"':
+		return skipString(b, i)
+	case c == '{' || c == '[':
+		if depth >= maxDepth {
+			return i, errAt(i, "nesting deeper than %d", maxDepth)
+		}
+		closer := byte('}')
+		if c == '[' {
+			closer = ']'
+		}
+		i = skipSpace(b, i+1)
+		if i < len(b) && b[i] == closer {
+			return i + 1, nil
+		}
+		for {
+			var err error
+			if closer == '}' {
+				i = skipSpace(b, i)
+				if i >= len(b) || b[i] != '"' {
+					return i, errAt(i, "want an object key")
+				}
+				if i, err = skipString(b, i); err != nil {
+					return i, err
+				}
+				i = skipSpace(b, i)
+				if i >= len(b) || b[i] != ':' {
+					return i, errAt(i, "want ':' after object key")
+				}
+				i++
+			}
+			if i, err = skipValueDepth(b, i, depth+1); err != nil {
+				return i, err
+			}
+			i = skipSpace(b, i)
+			if i >= len(b) {
+				return i, errAt(i, "unexpected end of input, want ',' or '%c'", closer)
+			}
+			switch b[i] {
+			case ',':
+				i++
+			case closer:
+				return i + 1, nil
+			default:
+				return i, errAt(i, "unexpected %q, want ',' or '%c'", b[i], closer)
+			}
+		}
+	case c == '-' || (c >= '0' && c <= '9'):
+		return skipNumber(b, i)
+	case c == 't':
+		return skipLiteral(b, i, "true")
+	case c == 'f':
+		return skipLiteral(b, i, "false")
+	case c == 'n':
+		return skipLiteral(b, i, "null")
+	default:
+		return i, errAt(i, "unexpected %q, want a value", c)
+	}
+}
+
+func skipLiteral(b []byte, i int, lit string) (int, error) {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return i, errAt(i, "invalid literal, want %s", lit)
+	}
+	return i + len(lit), nil
+}
+
+func skipNumber(b []byte, i int) (int, error) {
+	start := i
+	if b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0': // no leading zeros
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		return start, errAt(start, "invalid number")
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		frac := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == frac {
+			return start, errAt(start, "invalid number")
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		exp := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == exp {
+			return start, errAt(start, "invalid number")
+		}
+	}
+	return i, nil
+}
+
+// skipString returns the offset just past the string whose opening quote is
+// at b[i].
+func skipString(b []byte, i int) (int, error) {
+	start := i
+	for i++; i < len(b); i++ {
+		c := b[i]
+		if !stringSpecial[c] {
+			continue
+		}
+		switch {
+		case c == '"':
+			return i + 1, nil
+		case c == '\\':
+			if i+1 >= len(b) {
+				return start, errAt(start, "unterminated string")
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if _, ok := hex4(b[i+2:]); !ok {
+					return i, errAt(i, "invalid \\u escape in string")
+				}
+				i += 5
+			default:
+				return i, errAt(i, "invalid escape %q in string", b[i+1])
+			}
+		default:
+			return i, errAt(i, "control character in string")
+		}
+	}
+	return start, errAt(start, "unterminated string")
+}
+
+// stringSpecial marks the bytes that end a plain run inside a JSON string.
+var stringSpecial = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+// object iterates over the members of a JSON object in place.
+type object struct {
+	b     []byte
+	i     int
+	n     int // members returned so far
+	err   error
+	ended bool
+}
+
+// openObject starts iterating the object that begins at b[i] (leading white
+// space allowed). A value that is not an object yields an error.
+func openObject(b []byte, i int) (object, error) {
+	i = skipSpace(b, i)
+	if i >= len(b) || b[i] != '{' {
+		return object{}, errAt(i, "want an object")
+	}
+	return object{b: b, i: i + 1}, nil
+}
+
+// member is one object member: its raw key (without quotes) and the offsets
+// of its value, and the offset where the member itself starts (its key's
+// opening quote).
+type member struct {
+	key        []byte
+	start      int
+	valueStart int
+	valueEnd   int
+}
+
+// next returns the next member; ok is false at the end of the object or on
+// error (see err).
+func (o *object) next() (m member, ok bool) {
+	if o.ended || o.err != nil {
+		return member{}, false
+	}
+	b, i := o.b, skipSpace(o.b, o.i)
+	if o.n > 0 {
+		if i < len(b) && b[i] == ',' {
+			i = skipSpace(b, i+1)
+		} else if i < len(b) && b[i] == '}' {
+			o.ended, o.i = true, i+1
+			return member{}, false
+		} else {
+			o.err = errAt(i, "want ',' or '}' in object")
+			return member{}, false
+		}
+	} else if i < len(b) && b[i] == '}' {
+		o.ended, o.i = true, i+1
+		return member{}, false
+	}
+	if i >= len(b) || b[i] != '"' {
+		o.err = errAt(i, "want an object key")
+		return member{}, false
+	}
+	keyEnd, err := skipString(b, i)
+	if err != nil {
+		o.err = err
+		return member{}, false
+	}
+	m.start, m.key = i, b[i+1:keyEnd-1]
+	i = skipSpace(b, keyEnd)
+	if i >= len(b) || b[i] != ':' {
+		o.err = errAt(i, "want ':' after object key")
+		return member{}, false
+	}
+	m.valueStart = skipSpace(b, i+1)
+	if m.valueEnd, err = skipValue(b, m.valueStart); err != nil {
+		o.err = err
+		return member{}, false
+	}
+	o.i = m.valueEnd
+	o.n++
+	return m, true
+}
+
+// finish reports an error left by next, or data after the end of the
+// object when the object was the whole input.
+func (o *object) finish() error {
+	if o.err != nil {
+		return o.err
+	}
+	if j := skipSpace(o.b, o.i); j != len(o.b) {
+		return errAt(j, "data after the JSON value")
+	}
+	return nil
+}
+
+// array iterates over the elements of a JSON array in place.
+type array struct {
+	b     []byte
+	i     int
+	n     int
+	err   error
+	ended bool
+}
+
+// openArray starts iterating the array at b[i].
+func openArray(b []byte, i int) (array, error) {
+	i = skipSpace(b, i)
+	if i >= len(b) || b[i] != '[' {
+		return array{}, errAt(i, "want an array")
+	}
+	return array{b: b, i: i + 1}, nil
+}
+
+// next returns the offsets of the next element.
+func (a *array) next() (start, end int, ok bool) {
+	if a.ended || a.err != nil {
+		return 0, 0, false
+	}
+	b, i := a.b, skipSpace(a.b, a.i)
+	if i < len(b) && b[i] == ']' {
+		a.ended, a.i = true, i+1
+		return 0, 0, false
+	}
+	if a.n > 0 {
+		if i >= len(b) || b[i] != ',' {
+			a.err = errAt(i, "want ',' or ']' in array")
+			return 0, 0, false
+		}
+		i = skipSpace(b, i+1)
+	}
+	end, err := skipValue(b, i)
+	if err != nil {
+		a.err = err
+		return 0, 0, false
+	}
+	a.i = end
+	a.n++
+	return i, end, true
+}
+
+// isNull reports whether the raw value v is the literal null.
+func isNull(v []byte) bool { return string(v) == "null" }
+
+// parseCount reads a raw JSON number as a token count. Counts are
+// non-negative integers; a float with a zero fraction (12.0) is accepted.
+func parseCount(v []byte) (int, error) {
+	if isNull(v) {
+		return 0, nil
+	}
+	n, i := 0, 0
+	if len(v) == 0 || v[0] < '0' || v[0] > '9' {
+		return 0, fmt.Errorf("token count %.40q is not a non-negative integer", v)
+	}
+	for ; i < len(v) && v[i] >= '0' && v[i] <= '9'; i++ {
+		if n > (1<<53)/10 {
+			return 0, fmt.Errorf("token count %.40q is out of range", v)
+		}
+		n = n*10 + int(v[i]-'0')
+	}
+	if i < len(v) && v[i] == '.' {
+		for i++; i < len(v) && v[i] == '0'; i++ {
+		}
+	}
+	if i != len(v) {
+		return 0, fmt.Errorf("token count %.40q is not a non-negative integer", v)
+	}
+	return n, nil
+}
+
+// appendUnquoted appends the decoded contents of the raw JSON string s
+// (quotes included) to dst. Invalid escapes are an error; unpaired
+// surrogates decode to U+FFFD as in encoding/json.
+func appendUnquoted(dst, s []byte) ([]byte, error) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return dst, fmt.Errorf("want a JSON string, got %.40q", s)
+	}
+	s = s[1 : len(s)-1]
+	for len(s) > 0 {
+		j := 0
+		for j < len(s) && s[j] != '\\' {
+			j++
+		}
+		dst = append(dst, s[:j]...)
+		s = s[j:]
+		if len(s) == 0 {
+			break
+		}
+		if len(s) < 2 {
+			return dst, fmt.Errorf("truncated escape in JSON string")
+		}
+		switch c := s[1]; c {
+		case '"', '\\', '/':
+			dst = append(dst, c)
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r, ok := hex4(s[2:])
+			if !ok {
+				return dst, fmt.Errorf("invalid \\u escape in JSON string")
+			}
+			s = s[6:]
+			if utf16.IsSurrogate(r) {
+				r2, ok := rune(-1), false
+				if len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
+					r2, ok = hex4(s[2:])
+				}
+				if dec := utf16.DecodeRune(r, r2); ok && dec != utf8.RuneError {
+					s = s[6:]
+					r = dec
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		default:
+			return dst, fmt.Errorf("invalid escape %q in JSON string", c)
+		}
+		s = s[2:]
+	}
+	return dst, nil
+}
+
+func hex4(s []byte) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}

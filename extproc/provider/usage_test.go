@@ -1,0 +1,146 @@
+package provider
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/tokengate/tokengate/tokenizer"
+)
+
+// TestParseUsage covers the shapes of S22 beyond the recordings: router cache
+// writes, Gemini tool-use prompts, null usage, and usage in a JSON array.
+func TestParseUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		api  tokenizer.API
+		body string
+		want Usage
+		ok   bool
+	}{
+		{"router cache write", tokenizer.ChatCompletions,
+			`{"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":40,"cache_write_tokens":50},"completion_tokens_details":null}}`,
+			Usage{InputTokens: 100, OutputTokens: 5, CachedInputTokens: 40, CacheCreationInputTokens: 50}, true},
+		{"usage null", tokenizer.ChatCompletions, `{"id":"x","usage":null}`, Usage{}, false},
+		{"error body", tokenizer.Messages, `{"type":"error","error":{"type":"overloaded_error"}}`, Usage{}, false},
+		{"embeddings", tokenizer.Embeddings, ` {"data":[],"usage":{"prompt_tokens":8,"total_tokens":8}} `, Usage{InputTokens: 8}, true},
+		{"gemini tool-use prompt", tokenizer.Gemini,
+			`{"usageMetadata":{"promptTokenCount":10,"toolUsePromptTokenCount":4,"candidatesTokenCount":3,"thoughtsTokenCount":2,"cachedContentTokenCount":6}}`,
+			Usage{InputTokens: 14, OutputTokens: 5, ReasoningTokens: 2, CachedInputTokens: 6}, true},
+		{"gemini array, last usage wins", tokenizer.Gemini,
+			`[{"usageMetadata":{"promptTokenCount":15}},{"candidates":[]},{"usageMetadata":{"promptTokenCount":13,"candidatesTokenCount":8}}]`,
+			Usage{InputTokens: 13, OutputTokens: 8}, true},
+		{"gemini empty array", tokenizer.Gemini, `[]`, Usage{}, false},
+		{"anthropic", tokenizer.Messages,
+			`{"usage":{"input_tokens":3,"cache_creation_input_tokens":418,"cache_read_input_tokens":1111,"output_tokens":33}}`,
+			Usage{InputTokens: 1532, OutputTokens: 33, CachedInputTokens: 1111, CacheCreationInputTokens: 418}, true},
+		{"count with zero fraction", tokenizer.Responses, `{"usage":{"input_tokens":12.0,"output_tokens":1}}`, Usage{InputTokens: 12, OutputTokens: 1}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok, err := ParseUsage(tc.api, []byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" || ok != tc.ok {
+				t.Errorf("ParseUsage ok=%v want %v (-want +got):\n%s", ok, tc.ok, diff)
+			}
+		})
+	}
+}
+
+// TestParseUsageErrors: bodies that are not what the API sends get an error
+// that wraps ErrMalformed and says what is wrong and where.
+func TestParseUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		api  tokenizer.API
+		body string
+		want string
+	}{
+		{"empty", tokenizer.ChatCompletions, ``, `chat body: invalid JSON at offset 0: unexpected end of input, want a value`},
+		{"html", tokenizer.Messages, `<html>`, `messages body: invalid JSON at offset 0: unexpected '<', want a value`},
+		{"array for chat", tokenizer.ChatCompletions, `[1]`, `chat body: invalid JSON at offset 0: want an object`},
+		{"trailing", tokenizer.Responses, `{} x`, `responses body: invalid JSON at offset 3: data after the JSON value`},
+		{"usage string", tokenizer.Embeddings, `{"usage":"7"}`, `embeddings body: usage: invalid JSON at offset 0: want an object`},
+		{"huge count", tokenizer.ChatCompletions, `{"usage":{"prompt_tokens":123456789012345678901}}`, `chat body: usage: prompt_tokens: token count "123456789012345678901" is out of range`},
+		{"nested details wrong", tokenizer.ChatCompletions, `{"usage":{"prompt_tokens_details":{"cached_tokens":true}}}`, `chat body: usage: prompt_tokens_details: cached_tokens: token count "true" is not a non-negative integer`},
+		{"gemini array of numbers", tokenizer.Gemini, `[1,2]`, `gemini body: invalid JSON at offset 1: want an object`},
+		{"unknown api", tokenizer.API("bard"), `{}`, `bard body: unknown API "bard"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ok, err := ParseUsage(tc.api, []byte(tc.body))
+			if !errors.Is(err, ErrMalformed) || ok {
+				t.Fatalf("ParseUsage = ok %v, err %v; want an error wrapping ErrMalformed", ok, err)
+			}
+			if want := "malformed provider response: " + tc.want; err.Error() != want {
+				t.Errorf("error = %q\nwant    %q", err, want)
+			}
+		})
+	}
+}
+
+// TestAppendUnquoted checks string decoding against encoding/json.
+func TestAppendUnquoted(t *testing.T) {
+	for _, in := range []string{
+		`""`, `"plain"`, `"\"\\\/\b\f\n\r\t"`, `"\u00e9\u20AC"`, `"\ud83d\ude00"`,
+		`"\ud83d"`, `"\ude00x"`, `"\ud83d\u0041"`, `"a\u0000b"`, `"ünïcödé 😀"`,
+	} {
+		var want string
+		if err := json.Unmarshal([]byte(in), &want); err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		got, err := appendUnquoted(nil, []byte(in))
+		if err != nil || string(got) != want {
+			t.Errorf("appendUnquoted(%s) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{`"\x"`, `"\u12"`, `"\uZZZZ"`, `"abc\"`, `abc`} {
+		if _, err := appendUnquoted(nil, []byte(in)); err == nil {
+			t.Errorf("appendUnquoted(%s) succeeded, want an error", in)
+		}
+	}
+}
+
+// TestSkipValueAgreesWithEncodingJSON: the scanner accepts what
+// encoding/json accepts, on a table of tricky values.
+func TestSkipValueAgreesWithEncodingJSON(t *testing.T) {
+	for _, in := range []string{
+		`0`, `-0.5e+10`, `1E3`, `true`, `null`, `"a\"b"`, `[]`, `{}`, `[1,[2,{"a":[]}]]`, ` { "a" : 1 , "b" : [ ] } `,
+		`01`, `-`, `1.`, `.5`, `1e`, `tru`, `nul`, `[1,]`, `"\x"`, `"\u12"`, `"\u12G4"`, `"\`, `{"a"}`, `{"a":1,}`, `{,}`, `[`, `"abc`, "\"a\x01\"", `{"a":1 "b":2}`,
+	} {
+		end, err := skipValue([]byte(in), 0)
+		got := err == nil && skipSpace([]byte(in), end) == len(in)
+		if want := json.Valid([]byte(in)); got != want {
+			t.Errorf("skipValue(%q) valid = %v (end %d, err %v), encoding/json says %v", in, got, end, err, want)
+		}
+	}
+}
+
+// FuzzParseUsage reads arbitrary bodies as every API: never panics, errors
+// wrap ErrMalformed, counts are never negative, and a body encoding/json
+// rejects is never read as usage.
+func FuzzParseUsage(f *testing.F) {
+	f.Add(uint8(0), []byte(`{"usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":1}}}`))
+	f.Add(uint8(3), []byte(`{"usage":{"input_tokens":3,"output_tokens_details":{"reasoning_tokens":1}}}`))
+	f.Add(uint8(4), []byte(`{"usage":{"input_tokens":3,"cache_read_input_tokens":9}}`))
+	f.Add(uint8(5), []byte(`[{"usageMetadata":{"promptTokenCount":3}}]`))
+	apis := []tokenizer.API{tokenizer.ChatCompletions, tokenizer.Completions, tokenizer.Embeddings,
+		tokenizer.Responses, tokenizer.Messages, tokenizer.Gemini}
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		api := apis[int(which)%len(apis)]
+		u, ok, err := ParseUsage(api, body)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) || ok || u != (Usage{}) {
+				t.Fatalf("ParseUsage = %+v, %v, %v", u, ok, err)
+			}
+			return
+		}
+		if u.InputTokens < 0 || u.OutputTokens < 0 || u.CachedInputTokens < 0 || u.ReasoningTokens < 0 {
+			t.Fatalf("negative usage %+v", u)
+		}
+		if ok && !json.Valid(body) {
+			t.Fatalf("read usage %+v from invalid JSON %q", u, body)
+		}
+	})
+}
