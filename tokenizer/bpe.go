@@ -1,0 +1,314 @@
+package tokenizer
+
+import (
+	"hash/maphash"
+	"math"
+	"unicode/utf8"
+)
+
+// smallPiece is the longest piece merged with the simple quadratic scan;
+// longer pieces use a tournament tree so that a hostile prompt (one 100 KB run of a
+// letter, CJK without spaces) costs O(n log n), not O(n²).
+const smallPiece = 16
+
+// The per-worker cache of piece counts is direct-mapped: a fixed array of
+// slots holding the piece's bytes inline, so that a look-up or an insert
+// never allocates and memory stays bounded. A collision simply replaces the
+// slot; the key is compared in full, so a hit is always exact.
+const (
+	cacheBits     = 12
+	cacheMaxPiece = 30
+)
+
+type cacheSlot struct {
+	n     uint8 // piece length; 0 marks an empty slot
+	count uint8 // tokens of the piece (at most its length)
+	key   [cacheMaxPiece]byte
+}
+
+type pieceCache [1 << cacheBits]cacheSlot
+
+// cacheSeed keys the cache's hash per process, so that no input can be
+// crafted to collide.
+var cacheSeed = maphash.MakeSeed()
+
+func (c *pieceCache) slot(p string) *cacheSlot {
+	return &c[maphash.String(cacheSeed, p)>>(64-cacheBits)]
+}
+
+const noRank = math.MaxInt32
+
+// worker holds the scratch space of one counting goroutine. Workers are
+// pooled by the Counter; a worker is used by one goroutine at a time.
+type worker struct {
+	// cache holds piece counts per vocabulary (indexed by vocab.id),
+	// allocated on first use.
+	cache [numVocabs]*pieceCache
+	// work counts BPE merge steps and rank look-ups, for the linearity test.
+	work int
+	// scratch for long pieces
+	next, prev []int32
+	tree       []uint64
+	// recent holds recent short look-ups (hits and misses) per vocabulary:
+	// merges of similar pieces repeat the same look-ups, and this small
+	// table stays in the CPU cache where the vocabulary's does not.
+	recent [numVocabs]*recentRanks
+}
+
+const recentBits = 12
+
+type recentRanks struct {
+	keys  [1 << recentBits]uint64
+	ranks [1 << recentBits]int32
+}
+
+// mergeRank is rank for BPE merges, through the worker's recent table.
+func (v *vocab) mergeRank(w *worker, s string) int32 {
+	if len(s) > shortMax {
+		return v.rank(s)
+	}
+	rc := w.recent[v.id]
+	if rc == nil {
+		rc = new(recentRanks)
+		w.recent[v.id] = rc
+	}
+	k := packShort(s)
+	i := (k * 0x9E3779B97F4A7C15) >> (64 - recentBits)
+	if rc.keys[i] == k {
+		return rc.ranks[i]
+	}
+	r := v.getShort(k)
+	rc.keys[i], rc.ranks[i] = k, r
+	return r
+}
+
+func newWorker() *worker {
+	return &worker{}
+}
+
+// rank returns the rank of s, or noRank.
+func (v *vocab) rank(s string) int32 {
+	if len(s) <= shortMax {
+		return v.getShort(packShort(s))
+	}
+	if len(s) <= midMax {
+		return v.getMid(packMid(s))
+	}
+	if r, ok := v.ranks[s]; ok {
+		return r
+	}
+	return noRank
+}
+
+// countText returns the number of tokens of text, encoded as ordinary text
+// (special-token strings are plain text).
+func (v *vocab) countText(w *worker, text string) int {
+	text = sanitize(text)
+	n := 0
+	for i := 0; i < len(text); {
+		e, _ := v.split(text, i)
+		n += v.countPiece(w, text[i:e])
+		i = e
+	}
+	return n
+}
+
+// sanitize maps invalid UTF-8 bytes to U+FFFD one by one, as tiktoken-go's
+// rune conversion does, so counts agree on any input.
+func sanitize(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			if utf8.ValidString(s[i:]) {
+				return s
+			}
+			return string([]rune(s))
+		}
+	}
+	return s
+}
+
+func (v *vocab) countPiece(w *worker, p string) int {
+	if len(p) == 1 {
+		return 1
+	}
+	w.work++
+	if v.rank(p) != noRank {
+		return 1
+	}
+	var slot *cacheSlot
+	if len(p) <= cacheMaxPiece {
+		c := w.cache[v.id]
+		if c == nil {
+			c = new(pieceCache)
+			w.cache[v.id] = c
+		}
+		slot = c.slot(p)
+		if int(slot.n) == len(p) && string(slot.key[:len(p)]) == p {
+			return int(slot.count)
+		}
+	}
+	var n int
+	if len(p) <= smallPiece {
+		n = v.mergeSmall(w, p, nil)
+	} else {
+		n = v.mergeLarge(w, p, nil)
+	}
+	if slot != nil {
+		slot.n, slot.count = uint8(len(p)), uint8(n)
+		copy(slot.key[:], p)
+	}
+	return n
+}
+
+// encodePiece appends the ranks of p's tokens to dst.
+func (v *vocab) encodePiece(w *worker, p string, dst []int) []int {
+	if r, ok := v.ranks[p]; ok {
+		return append(dst, int(r))
+	}
+	if len(p) <= smallPiece {
+		v.mergeSmall(w, p, &dst)
+	} else {
+		v.mergeLarge(w, p, &dst)
+	}
+	return dst
+}
+
+// mergeSmall is tiktoken's byte-pair merge on a short piece: repeatedly merge
+// the adjacent pair of lowest rank (leftmost on ties). It returns the number
+// of tokens and, when out is not nil, appends them.
+func (v *vocab) mergeSmall(w *worker, p string, out *[]int) int {
+	var startBuf [smallPiece + 1]int32
+	var rankBuf [smallPiece]int32
+	n := len(p)
+	starts := startBuf[:n+1]
+	ranks := rankBuf[:n] // ranks[i]: rank of parts i and i+1 merged
+	for i := range n + 1 {
+		starts[i] = int32(i)
+	}
+	for i := 0; i < n-1; i++ {
+		ranks[i] = v.pair[int(p[i])<<8|int(p[i+1])]
+		if ranks[i] < 0 {
+			ranks[i] = noRank
+		}
+	}
+	ranks[n-1] = noRank
+	w.work += n
+	parts := n
+	for parts > 1 {
+		minR, mi := int32(noRank), -1
+		for i := 0; i < parts-1; i++ {
+			if ranks[i] < minR {
+				minR, mi = ranks[i], i
+			}
+		}
+		if mi < 0 {
+			break
+		}
+		w.work++
+		// merge parts mi and mi+1
+		copy(starts[mi+1:parts], starts[mi+2:parts+1])
+		copy(ranks[mi+1:parts-1], ranks[mi+2:parts])
+		parts--
+		ranks[parts-1] = noRank
+		if mi+1 < parts {
+			ranks[mi] = v.mergeRank(w, p[starts[mi]:starts[mi+2]])
+		} else {
+			ranks[mi] = noRank
+		}
+		if mi > 0 {
+			ranks[mi-1] = v.mergeRank(w, p[starts[mi-1]:starts[mi+1]])
+		}
+	}
+	if out != nil {
+		for i := range parts {
+			*out = append(*out, int(v.rank(p[starts[i]:starts[i+1]])))
+		}
+	}
+	return parts
+}
+
+// mergeLarge gives the same result as mergeSmall in O(n log n): parts form a
+// linked list over byte offsets, and a tournament tree over the positions
+// holds, for each part, the candidate merge with its right neighbour keyed
+// by (rank, position), so the root is the merge tiktoken would pick: lowest
+// rank, leftmost on ties. A merge updates three leaves; there are fewer
+// than n merges.
+func (v *vocab) mergeLarge(w *worker, p string, out *[]int) int {
+	const none = math.MaxUint64
+	n := len(p)
+	size := 1
+	for size < n {
+		size <<= 1
+	}
+	if cap(w.next) < n+1 {
+		w.next = make([]int32, n+1)
+		w.prev = make([]int32, n+1)
+	}
+	if cap(w.tree) < 2*size {
+		w.tree = make([]uint64, 2*size)
+	}
+	next, prev, tree := w.next[:n+1], w.prev[:n+1], w.tree[:2*size]
+	key := func(r int32, pos int32) uint64 {
+		if r == noRank {
+			return none
+		}
+		return uint64(r)<<32 | uint64(pos)
+	}
+	for i := range n {
+		next[i] = int32(i + 1)
+		prev[i] = int32(i - 1)
+	}
+	leaves := tree[size:]
+	for i := range leaves {
+		leaves[i] = none
+	}
+	for i := 0; i < n-1; i++ {
+		if r := v.pair[int(p[i])<<8|int(p[i+1])]; r >= 0 {
+			leaves[i] = uint64(r)<<32 | uint64(i)
+		}
+	}
+	for i := size - 1; i >= 1; i-- {
+		tree[i] = min(tree[2*i], tree[2*i+1])
+	}
+	update := func(i int32, k uint64) {
+		j := size + int(i)
+		tree[j] = k
+		for j > 1 {
+			j >>= 1
+			m := min(tree[2*j], tree[2*j+1])
+			if tree[j] == m {
+				return
+			}
+			tree[j] = m
+		}
+	}
+	w.work += n
+	parts := n
+	for tree[1] != none {
+		w.work++
+		pos := int32(uint32(tree[1]))
+		mid := next[pos]
+		end := next[mid]
+		// merge [pos,mid) and [mid,end)
+		next[pos] = end
+		next[mid] = -1
+		parts--
+		update(mid, none)
+		if end < int32(n) {
+			prev[end] = pos
+			update(pos, key(v.mergeRank(w, p[pos:next[end]]), pos))
+		} else {
+			update(pos, none)
+		}
+		if pos > 0 {
+			pp := prev[pos]
+			update(pp, key(v.mergeRank(w, p[pp:end]), pp))
+		}
+	}
+	if out != nil {
+		for i := int32(0); i < int32(n); i = next[i] {
+			*out = append(*out, int(v.rank(p[i:next[i]])))
+		}
+	}
+	return parts
+}

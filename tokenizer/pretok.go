@@ -1,0 +1,339 @@
+package tokenizer
+
+import (
+	"sync"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The pre-tokenizers below are hand-written equivalents of the cl100k_base
+// and o200k_base split patterns, as tiktoken-go evaluates them (regexp2,
+// with Go's unicode tables and unicode.IsSpace for \s). They never
+// backtrack more than a bounded look at the current run, so splitting is
+// linear in the input.
+//
+// Each returns the end of the piece that starts at i and whether the
+// decision looked at the end of the text: a piece with eof == false is final
+// whatever text is appended later, which is what Stream relies on.
+
+// Character classes, as bit flags.
+const (
+	clsL     uint8 = 1 << iota // \p{L}
+	clsN                       // \p{N}
+	clsS                       // \s (unicode.IsSpace)
+	clsUpper                   // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] (o200k)
+	clsLower                   // [\p{Ll}\p{Lm}\p{Lo}\p{M}] (o200k)
+	clsNL                      // \r or \n
+)
+
+var (
+	bmpOnce  sync.Once
+	bmpClass []uint8 // class of every rune below 0x10000
+)
+
+func classify(r rune) uint8 {
+	var c uint8
+	if unicode.IsLetter(r) {
+		c |= clsL
+	}
+	if unicode.IsNumber(r) {
+		c |= clsN
+	}
+	if unicode.IsSpace(r) {
+		c |= clsS
+	}
+	lm, lo, m := unicode.Is(unicode.Lm, r), unicode.Is(unicode.Lo, r), unicode.IsMark(r)
+	if unicode.Is(unicode.Lu, r) || unicode.Is(unicode.Lt, r) || lm || lo || m {
+		c |= clsUpper
+	}
+	if unicode.Is(unicode.Ll, r) || lm || lo || m {
+		c |= clsLower
+	}
+	if r == '\r' || r == '\n' {
+		c |= clsNL
+	}
+	return c
+}
+
+func initClasses() {
+	bmpOnce.Do(func() {
+		t := make([]uint8, 0x10000)
+		for r := range t {
+			t[r] = classify(rune(r))
+		}
+		bmpClass = t
+	})
+}
+
+// class returns the class and byte length of the rune at s[i]. Invalid
+// UTF-8 counts as U+FFFD (a symbol), as tiktoken-go's rune conversion does.
+func class(s string, i int) (uint8, int) {
+	b := s[i]
+	if b < utf8.RuneSelf {
+		return bmpClass[b], 1
+	}
+	r, n := utf8.DecodeRuneInString(s[i:])
+	if r < 0x10000 {
+		return bmpClass[r], n
+	}
+	return classify(r), n
+}
+
+// runEnd returns the end of the run of runes from i whose class has any bit
+// of want, and whether it reached the end of s.
+func runEnd(s string, i int, want uint8) (int, bool) {
+	for i < len(s) {
+		c, n := class(s, i)
+		if c&want == 0 {
+			return i, false
+		}
+		i += n
+	}
+	return i, true
+}
+
+func lowerASCII(b byte) byte {
+	if 'A' <= b && b <= 'Z' {
+		return b + 'a' - 'A'
+	}
+	return b
+}
+
+// contraction matches (?i:'s|'t|'re|'ve|'m|'ll|'d) at i and returns its
+// length (0 when none) and whether the answer depended on the end of s.
+func contraction(s string, i int) (int, bool) {
+	if i >= len(s) {
+		return 0, true
+	}
+	if s[i] != '\'' {
+		return 0, false
+	}
+	if i+1 >= len(s) {
+		return 0, true
+	}
+	var want byte
+	switch lowerASCII(s[i+1]) {
+	case 's', 't', 'm', 'd':
+		return 2, false
+	case 'r', 'v':
+		want = 'e'
+	case 'l':
+		want = 'l'
+	default:
+		return 0, false
+	}
+	if i+2 >= len(s) {
+		return 0, true
+	}
+	if lowerASCII(s[i+2]) == want {
+		return 3, false
+	}
+	return 0, false
+}
+
+// splitSpace handles the three whitespace alternatives shared by both
+// patterns: \s*[\r\n]+ | \s+(?!\S) | \s+, for s[i] a space.
+func splitSpace(s string, i int) (int, bool) {
+	lastNL, last := -1, i
+	k := i
+	for k < len(s) {
+		c, n := class(s, k)
+		if c&clsS == 0 {
+			break
+		}
+		if c&clsNL != 0 {
+			lastNL = k
+		}
+		last = k
+		k += n
+	}
+	eof := k == len(s)
+	switch {
+	case lastNL >= 0:
+		return lastNL + 1, eof
+	case eof:
+		return k, true
+	case last > i:
+		return last, false
+	default:
+		return k, false
+	}
+}
+
+// splitPunct matches ` ?[^\s\p{L}\p{N}]+` followed by any of tail
+// ([\r\n]* for cl100k, [\r\n/]* for o200k). ok is false when it does not
+// match at i.
+func splitPunct(s string, i int, slash bool) (end int, eof, ok bool) {
+	j := i
+	if s[i] == ' ' {
+		if i+1 >= len(s) {
+			return 0, true, false
+		}
+		if c, _ := class(s, i+1); c&(clsS|clsL|clsN) == 0 {
+			j = i + 1
+		}
+	}
+	if c, _ := class(s, j); c&(clsS|clsL|clsN) != 0 {
+		return 0, false, false
+	}
+	k := j
+	for k < len(s) {
+		c, n := class(s, k)
+		if c&(clsS|clsL|clsN) != 0 {
+			break
+		}
+		k += n
+	}
+	for k < len(s) && (s[k] == '\r' || s[k] == '\n' || (slash && s[k] == '/')) {
+		k++
+	}
+	return k, k == len(s), true
+}
+
+// splitDigits matches \p{N}{1,3} at i (s[i] is a number).
+func splitDigits(s string, i int) (int, bool) {
+	k := i
+	for range 3 {
+		if k >= len(s) {
+			return k, true
+		}
+		c, n := class(s, k)
+		if c&clsN == 0 {
+			return k, false
+		}
+		k += n
+	}
+	return k, false
+}
+
+// splitCl100k is the cl100k_base pattern:
+//
+//	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//	 ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+func splitCl100k(s string, i int) (int, bool) {
+	n, eof := contraction(s, i)
+	if n > 0 {
+		return i + n, false
+	}
+	c0, n0 := class(s, i)
+	if c0&clsL != 0 {
+		e, eof2 := runEnd(s, i+n0, clsL)
+		return e, eof || eof2
+	}
+	if c0&(clsL|clsN|clsNL) == 0 {
+		if i+n0 >= len(s) {
+			eof = true
+		} else if c1, n1 := class(s, i+n0); c1&clsL != 0 {
+			e, eof2 := runEnd(s, i+n0+n1, clsL)
+			return e, eof || eof2
+		}
+	}
+	if c0&clsN != 0 {
+		e, eof2 := splitDigits(s, i)
+		return e, eof || eof2
+	}
+	if e, eof2, ok := splitPunct(s, i, false); ok {
+		return e, eof || eof2
+	} else {
+		eof = eof || eof2
+	}
+	e, eof2 := splitSpace(s, i)
+	return e, eof || eof2
+}
+
+// o200kLowerTail matches [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+
+// followed by an optional contraction, at j, with the backtracking of a
+// greedy U* against W+ resolved by remembering the last W inside the U run.
+func o200kLowerTail(s string, j int) (end int, eof, ok bool) {
+	lastW := -1
+	k := j
+	for k < len(s) {
+		c, n := class(s, k)
+		if c&clsUpper == 0 {
+			break
+		}
+		if c&clsLower != 0 {
+			lastW = k
+		}
+		k += n
+	}
+	start := -1
+	if k < len(s) {
+		if c, _ := class(s, k); c&clsLower != 0 {
+			start = k
+		}
+	} else {
+		eof = true
+	}
+	if start < 0 {
+		start = lastW
+	}
+	if start < 0 {
+		return 0, eof, false
+	}
+	_, n := class(s, start)
+	e, eof2 := runEnd(s, start+n, clsLower)
+	c, eof3 := contraction(s, e)
+	return e + c, eof || eof2 || eof3, true
+}
+
+// o200kUpperHead matches [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*
+// followed by an optional contraction, at j.
+func o200kUpperHead(s string, j int) (end int, eof, ok bool) {
+	if j >= len(s) {
+		return 0, true, false
+	}
+	if c, _ := class(s, j); c&clsUpper == 0 {
+		return 0, false, false
+	}
+	k, eof := runEnd(s, j, clsUpper)
+	e, eof2 := runEnd(s, k, clsLower)
+	c, eof3 := contraction(s, e)
+	return e + c, eof || eof2 || eof3, true
+}
+
+// splitO200k is the o200k_base pattern:
+//
+//	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//	\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+func splitO200k(s string, i int) (int, bool) {
+	c0, n0 := class(s, i)
+	opt := c0&(clsL|clsN|clsNL) == 0 // may be taken by [^\r\n\p{L}\p{N}]?
+	eof := false
+	if opt {
+		e, eof2, ok := o200kLowerTail(s, i+n0)
+		eof = eof || eof2
+		if ok {
+			return e, eof
+		}
+	}
+	if e, eof2, ok := o200kLowerTail(s, i); ok {
+		return e, eof || eof2
+	} else {
+		eof = eof || eof2
+	}
+	if opt {
+		e, eof2, ok := o200kUpperHead(s, i+n0)
+		eof = eof || eof2
+		if ok {
+			return e, eof
+		}
+	}
+	if e, eof2, ok := o200kUpperHead(s, i); ok {
+		return e, eof || eof2
+	} else {
+		eof = eof || eof2
+	}
+	if c0&clsN != 0 {
+		e, eof2 := splitDigits(s, i)
+		return e, eof || eof2
+	}
+	if e, eof2, ok := splitPunct(s, i, true); ok {
+		return e, eof || eof2
+	} else {
+		eof = eof || eof2
+	}
+	e, eof2 := splitSpace(s, i)
+	return e, eof || eof2
+}

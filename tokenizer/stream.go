@@ -1,0 +1,111 @@
+package tokenizer
+
+import (
+	"unicode/utf8"
+	"unsafe"
+)
+
+// maxPending bounds the text a Stream holds back while a piece is still
+// open. A longer open piece (one run of letters or spaces longer than this)
+// is cut and counted as it stands, which can only overcount by a token or
+// so per cut, the safe direction for a live count.
+const maxPending = 4096
+
+// Stream counts output tokens as a response streams (S13). It is fed text
+// deltas and keeps only the last, still open pre-tokenizer piece: what was
+// counted is never tokenized again. The zero value is not usable; create
+// one with Counter.NewStream. A Stream is owned by one goroutine.
+type Stream struct {
+	c       *Counter
+	v       *vocab
+	done    int    // tokens of closed pieces
+	pending []byte // text of the open piece(s), plus an incomplete UTF-8 tail
+}
+
+// NewStream returns a Stream counting with the named encoding (as returned
+// by EncodingFor or Count.Encoding). An unknown encoding counts with
+// o200k_base.
+func (c *Counter) NewStream(encoding string) *Stream {
+	v, err := c.vocab(encoding)
+	if err != nil {
+		v, err = c.vocab(O200kBase)
+		if err != nil {
+			panic("tokenizer: embedded o200k_base vocabulary does not load: " + err.Error())
+		}
+	}
+	// Scratch space and piece caches are borrowed from the Counter for
+	// each call, so an idle stream costs only its pending text.
+	return &Stream{c: c, v: v, pending: make([]byte, 0, 256)}
+}
+
+// Write counts a text delta as decoded from the provider's JSON.
+func (s *Stream) Write(delta string) {
+	s.pending = append(s.pending, delta...)
+	s.advance()
+}
+
+// WriteBytes counts raw output bytes; a UTF-8 character split across calls
+// is held back until it is complete.
+func (s *Stream) WriteBytes(p []byte) {
+	s.pending = append(s.pending, p...)
+	s.advance()
+}
+
+// completeLen returns the length of b without a trailing incomplete UTF-8
+// sequence.
+func completeLen(b []byte) int {
+	for k := 1; k <= utf8.UTFMax-1 && k <= len(b); k++ {
+		c := b[len(b)-k]
+		if c < utf8.RuneSelf {
+			return len(b)
+		}
+		if utf8.RuneStart(c) {
+			if utf8.FullRune(b[len(b)-k:]) {
+				return len(b)
+			}
+			return len(b) - k
+		}
+	}
+	return len(b)
+}
+
+// advance counts every piece that further text can no longer change.
+func (s *Stream) advance() {
+	n := completeLen(s.pending)
+	if n == 0 {
+		return
+	}
+	// The string aliases pending only during this call; the piece cache
+	// clones what it keeps.
+	text := unsafe.String(unsafe.SliceData(s.pending), n)
+	w := s.c.getWorker()
+	defer s.c.putWorker(w)
+	i := 0
+	for i < len(text) {
+		e, eof := s.v.split(text, i)
+		if eof && len(text)-i <= maxPending {
+			break
+		}
+		s.done += s.v.countPiece(w, sanitize(text[i:e]))
+		i = e
+	}
+	if i > 0 {
+		s.pending = s.pending[:copy(s.pending, s.pending[i:])]
+	}
+}
+
+// Tokens returns the tokens counted so far, including the open piece as if
+// the stream ended now.
+func (s *Stream) Tokens() int {
+	if len(s.pending) == 0 {
+		return s.done
+	}
+	n := completeLen(s.pending)
+	w := s.c.getWorker()
+	defer s.c.putWorker(w)
+	open := s.v.countText(w, unsafe.String(unsafe.SliceData(s.pending), n))
+	if n < len(s.pending) {
+		open++ // an incomplete character will be at least one token
+	}
+	return s.done + open
+}

@@ -1,0 +1,263 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"sync"
+	"unsafe"
+
+	"github.com/pkoukk/tiktoken-go-loader/assets"
+)
+
+// Encoding names this package can count with.
+const (
+	O200kBase  = "o200k_base"
+	Cl100kBase = "cl100k_base"
+)
+
+// vocab is one BPE vocabulary: the rank of every mergeable byte string.
+// It is immutable once built and safe for concurrent use.
+type vocab struct {
+	name  string
+	id    int // index of the vocabulary in per-worker caches
+	ranks map[string]int32
+	// pair holds the rank of every two-byte token (index b0<<8|b1), -1 when
+	// the pair is not a token; it spares a map lookup in the first BPE pass.
+	pair []int32
+	// bytes holds the rank of every single byte (all 256 are tokens).
+	bytes [256]int32
+	// short is an open-addressing table of the tokens of at most 7 bytes,
+	// keyed by their bytes packed into a word: one probe, no pointer
+	// chasing, for the look-ups that dominate BPE merges.
+	shortKeys  []uint64
+	shortRanks []int32
+	shortMask  uint64
+	// mid is the same for tokens of 8 to 15 bytes, keyed by two words
+	// (CJK merges look up 6 to 12 bytes all the time).
+	midKeys  [][2]uint64
+	midRanks []int32
+	midMask  uint64
+	// split finds the end of the pre-tokenizer piece starting at i.
+	split func(s string, i int) (end int, eof bool)
+	// tokens maps a rank back to its bytes, for Encode round trips in tests.
+	tokens []string
+}
+
+// numVocabs is the number of vocabularies this package can load.
+const numVocabs = 2
+
+// vocabCache loads each vocabulary at most once per process. The data are
+// read-only after loading, so sharing them between Counters is safe and
+// keeps a second New cheap.
+var vocabCache struct {
+	mu     sync.Mutex
+	loaded map[string]*vocab
+}
+
+// loadVocab returns the named vocabulary, parsing the embedded offline files
+// of tiktoken-go-loader on first use. Nothing is downloaded.
+func loadVocab(name string) (*vocab, error) {
+	vocabCache.mu.Lock()
+	defer vocabCache.mu.Unlock()
+	if v, ok := vocabCache.loaded[name]; ok {
+		return v, nil
+	}
+	var split func(string, int) (int, bool)
+	var id int
+	switch name {
+	case O200kBase:
+		split, id = splitO200k, 0
+	case Cl100kBase:
+		split, id = splitCl100k, 1
+	default:
+		return nil, fmt.Errorf("tokenizer: unknown encoding %q (want %s or %s)", name, O200kBase, Cl100kBase)
+	}
+	data, err := vocabAsset(name)
+	if err != nil {
+		return nil, err
+	}
+	v, err := parseVocab(name, data)
+	if err != nil {
+		return nil, err
+	}
+	v.split, v.id = split, id
+	if vocabCache.loaded == nil {
+		vocabCache.loaded = make(map[string]*vocab)
+	}
+	vocabCache.loaded[name] = v
+	return v, nil
+}
+
+// vocabAsset returns the embedded .tiktoken file of an encoding.
+func vocabAsset(name string) ([]byte, error) {
+	data, err := assets.Assets.ReadFile(name + ".tiktoken")
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: read embedded vocabulary %s: %w", name, err)
+	}
+	return data, nil
+}
+
+// parseVocab parses a .tiktoken file ("base64 rank" per line). All token
+// bytes live in one arena so that loading costs two large allocations and a
+// map, not one string per token.
+func parseVocab(name string, data []byte) (*vocab, error) {
+	lines := bytes.Count(data, []byte{'\n'}) + 1
+	arena := make([]byte, 0, len(data)*3/4)
+	type entry struct{ off, n, rank int32 }
+	entries := make([]entry, 0, lines)
+	maxRank := int32(-1)
+	for lineNo := 1; len(data) > 0; lineNo++ {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		if len(line) == 0 {
+			continue
+		}
+		sp := bytes.IndexByte(line, ' ')
+		if sp < 0 {
+			return nil, fmt.Errorf("tokenizer: %s line %d: missing rank", name, lineNo)
+		}
+		off := len(arena)
+		arena = arena[:off+base64.StdEncoding.DecodedLen(sp)]
+		n, err := base64.StdEncoding.Decode(arena[off:], line[:sp])
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: %s line %d: %w", name, lineNo, err)
+		}
+		arena = arena[:off+n]
+		rank, err := strconv.Atoi(string(line[sp+1:]))
+		if err != nil || rank < 0 || rank > 1<<30 {
+			return nil, fmt.Errorf("tokenizer: %s line %d: bad rank %q", name, lineNo, line[sp+1:])
+		}
+		entries = append(entries, entry{int32(off), int32(n), int32(rank)})
+		maxRank = max(maxRank, int32(rank))
+	}
+	v := &vocab{
+		name:   name,
+		ranks:  make(map[string]int32, len(entries)),
+		pair:   make([]int32, 1<<16),
+		tokens: make([]string, maxRank+1),
+	}
+	for i := range v.pair {
+		v.pair[i] = -1
+	}
+	for i := range v.bytes {
+		v.bytes[i] = -1
+	}
+	for _, e := range entries {
+		// The arena is never written again, so strings may alias it.
+		tok := unsafe.String(&arena[e.off], int(e.n))
+		v.ranks[tok] = e.rank
+		v.tokens[e.rank] = tok
+		switch len(tok) {
+		case 1:
+			v.bytes[tok[0]] = e.rank
+		case 2:
+			v.pair[int(tok[0])<<8|int(tok[1])] = e.rank
+		}
+	}
+	v.shortKeys = make([]uint64, 1<<18)
+	v.shortRanks = make([]int32, 1<<18)
+	v.shortMask = uint64(len(v.shortKeys) - 1)
+	v.midKeys = make([][2]uint64, 1<<17)
+	v.midRanks = make([]int32, 1<<17)
+	v.midMask = uint64(len(v.midKeys) - 1)
+	for _, e := range entries {
+		tok := unsafe.String(&arena[e.off], int(e.n))
+		switch {
+		case e.n <= shortMax:
+			v.putShort(packShort(tok), e.rank)
+		case e.n <= midMax:
+			v.putMid(packMid(tok), e.rank)
+		}
+	}
+	for b, r := range v.bytes {
+		if r < 0 {
+			return nil, fmt.Errorf("tokenizer: %s: byte %#x is not a token", name, b)
+		}
+	}
+	return v, nil
+}
+
+// shortMax is the longest token kept in the short table.
+const shortMax = 7
+
+// packShort packs s (at most 7 bytes) and its length into a word; a
+// packed key is never 0, which marks an empty slot.
+func packShort(s string) uint64 {
+	k := uint64(len(s)) << 56
+	for i := 0; i < len(s); i++ {
+		k |= uint64(s[i]) << (8 * i)
+	}
+	return k
+}
+
+func shortHash(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> 40 }
+
+func (v *vocab) putShort(k uint64, rank int32) {
+	for i := shortHash(k) & v.shortMask; ; i = (i + 1) & v.shortMask {
+		if v.shortKeys[i] == 0 {
+			v.shortKeys[i], v.shortRanks[i] = k, rank
+			return
+		}
+	}
+}
+
+// getShort returns the rank of a packed key, or noRank. Keys sit apart
+// from ranks so that a miss, the common case in BPE merges, touches only
+// the dense key array.
+func (v *vocab) getShort(k uint64) int32 {
+	keys := v.shortKeys
+	for i := shortHash(k) & v.shortMask; ; i = (i + 1) & v.shortMask {
+		switch keys[i] {
+		case k:
+			return v.shortRanks[i]
+		case 0:
+			return noRank
+		}
+	}
+}
+
+// midMax is the longest token kept in the mid table.
+const midMax = 15
+
+// packMid packs s (8 to 15 bytes): its first 8 bytes, then the rest and
+// its length.
+func packMid(s string) [2]uint64 {
+	var k0 uint64
+	for i := range 8 {
+		k0 |= uint64(s[i]) << (8 * i)
+	}
+	return [2]uint64{k0, packShort(s[8:]) | uint64(len(s))<<60}
+}
+
+func midHash(k [2]uint64) uint64 {
+	return ((k[0]*0x9E3779B97F4A7C15)^(k[1]*0xC2B2AE3D27D4EB4F))>>40 | 0
+}
+
+func (v *vocab) putMid(k [2]uint64, rank int32) {
+	for i := midHash(k) & v.midMask; ; i = (i + 1) & v.midMask {
+		if v.midKeys[i][1] == 0 {
+			v.midKeys[i], v.midRanks[i] = k, rank
+			return
+		}
+	}
+}
+
+func (v *vocab) getMid(k [2]uint64) int32 {
+	keys := v.midKeys
+	for i := midHash(k) & v.midMask; ; i = (i + 1) & v.midMask {
+		switch keys[i][1] {
+		case 0:
+			return noRank
+		case k[1]:
+			if keys[i][0] == k[0] {
+				return v.midRanks[i]
+			}
+		}
+	}
+}
