@@ -32,7 +32,8 @@ type Bucket struct {
 
 // Slot names a concurrency limit (S11): at most Max requests in flight per
 // Key. Slots are leases that expire after Lease unless released, so a gateway
-// that dies does not leak them forever.
+// that dies does not leak them forever. The zero value is not usable: Key
+// and Max are required; a zero Lease means DefaultSlotLease.
 type Slot struct {
 	Name  string
 	Key   string
@@ -41,9 +42,13 @@ type Slot struct {
 }
 
 // Request is one admission attempt: take Cost tokens from every bucket and a
-// slot from every concurrency limit, all or none (S3).
+// slot from every concurrency limit, all or none (S3). The zero value is a
+// valid request that costs nothing and passes no bucket. A Request is a
+// plain value; stores do not keep it, but a Reservation shares its Buckets
+// and Slots slices, so do not modify them while the request is in flight.
 type Request struct {
-	// ID identifies the request for idempotent settlement.
+	// ID identifies the request for idempotent settlement. Empty means the
+	// store assigns one (see Reservation.ID).
 	ID       string
 	Cost     float64
 	Buckets  []Bucket
@@ -79,7 +84,8 @@ type BucketState struct {
 }
 
 // Decision is the result of Reserve. Being over the limit is a Decision,
-// never an error.
+// never an error. The zero value is a refusal with no detail; a Decision is a
+// plain value owned by its caller.
 type Decision struct {
 	OK     bool
 	Reason Reason
@@ -97,7 +103,8 @@ type Decision struct {
 }
 
 // Reservation is an admitted request's claim on its buckets and slots. It is
-// owned by the goroutine handling the request.
+// owned by the goroutine handling the request: Extend updates it, so it is
+// not safe for concurrent use. Only a store makes a valid one.
 type Reservation struct {
 	ID       string
 	Cost     float64
@@ -109,19 +116,24 @@ type Reservation struct {
 }
 
 // Store is the contract that the memory and Redis stores satisfy
-// identically. All methods are safe for concurrent use.
+// identically; the contract suite in package bucketstest holds them to it.
+// All methods are safe for concurrent use. Errors mean invalid input
+// (ErrInvalidLimit, ErrInvalidRequest) or an unreachable store (ErrStore),
+// never being over the limit.
 type Store interface {
 	// Reserve attempts an admission (S3–S5, S11, S12). It writes nothing when
 	// the request is refused.
 	Reserve(ctx context.Context, req Request) (Decision, error)
 	// Extend debits n more tokens from the reservation's hard buckets, all or
-	// none (S14). ok is false when a hard bucket would go below zero; the
-	// caller then cuts the stream off. Soft buckets are charged at Settle.
+	// none (S14). ok is false when a hard bucket would go below zero (or is
+	// paused); the caller then cuts the stream off. Soft buckets are charged
+	// at Settle. Extend is not idempotent and must not follow Settle.
 	Extend(ctx context.Context, r *Reservation, n float64) (ok bool, err error)
 	// Settle replaces the reservation by the actual usage (S8, S9) and
 	// releases its slots. Settling the same reservation ID twice changes
 	// nothing the second time.
 	Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error)
-	// Pause marks the bucket empty until the given time (S18).
+	// Pause marks the bucket empty until the given time (S18): its level
+	// drops to zero (debt is kept) and refill resumes only then.
 	Pause(ctx context.Context, b Bucket, until time.Time) error
 }

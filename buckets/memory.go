@@ -1,0 +1,475 @@
+package buckets
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// MemoryOptions configures a Memory store. The zero value gives the
+// defaults.
+type MemoryOptions struct {
+	// Now is the store's one clock (S2); nil means time.Now. Only its
+	// differences matter, so a monotonic clock is right.
+	Now func() time.Time
+	// SettledTTL is how long a settled reservation ID is remembered, so that
+	// a second Settle of it changes nothing (S8). Zero means one hour.
+	SettledTTL time.Duration
+	// SettledWindow bounds how many settled IDs are remembered at most;
+	// beyond it the oldest are forgotten first. Zero means 1<<18.
+	SettledWindow int
+	// SweepEvery is how often each shard drops buckets that have refilled to
+	// capacity and expired slot leases (bounded memory). Zero means one
+	// minute.
+	SweepEvery time.Duration
+}
+
+// Memory is the Store for a single gateway instance: bucket state lives in
+// this process. It is safe for concurrent use. State is split over shards
+// by key, each with its own mutex; an operation locks only the shards of
+// its own keys, in a fixed order, so unrelated keys do not wait for each
+// other and chains stay all-or-none (S3).
+//
+// A bucket that has refilled to capacity is indistinguishable from one that
+// was never used, so it is dropped by a periodic sweep: memory is bounded by
+// the buckets active within their time to refill.
+//
+// Use NewMemory; the zero value is not usable.
+type Memory struct {
+	now        func() time.Time
+	epoch      time.Time
+	seed       maphash.Seed
+	settledTTL int64
+	window     int
+	sweepEvery int64
+	shards     [shardCount]shard
+}
+
+const shardCount = 64 // one bit each in a lockSet
+
+var (
+	_ Store   = (*Memory)(nil)
+	_ Renewer = (*Memory)(nil)
+)
+
+type shard struct {
+	mu        sync.Mutex
+	buckets   map[string]*level
+	slots     map[string]map[string]int64 // key → reservation ID → lease expiry
+	settled   map[string]int64            // reservation ID → when it is forgotten
+	ring      []settledID                 // settled IDs, oldest at head
+	head, n   int
+	nextSweep int64
+	_         [64]byte // keep hot mutexes on separate cache lines
+}
+
+// level is a stored bucket: tokens at instant last, in nanoseconds since the
+// store's epoch; refill resumes at last (later than now while paused).
+type level struct {
+	tokens float64
+	last   int64
+	limit  Limit // as last written, for the sweep
+}
+
+// full reports whether the bucket has refilled to capacity by now.
+func (p *level) full(now int64) bool {
+	return now >= p.last && p.tokens+p.limit.Rate*(float64(now-p.last)/1e9) >= p.limit.Capacity
+}
+
+type settledID struct {
+	id  string
+	exp int64
+}
+
+// NewMemory returns an empty Memory store.
+func NewMemory(opts MemoryOptions) *Memory {
+	m := &Memory{now: opts.Now, seed: maphash.MakeSeed()}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	m.epoch = m.now()
+	m.settledTTL = int64(cmp0(opts.SettledTTL, time.Hour))
+	m.window = opts.SettledWindow
+	if m.window <= 0 {
+		m.window = 1 << 18
+	}
+	m.sweepEvery = int64(cmp0(opts.SweepEvery, time.Minute))
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.buckets = make(map[string]*level)
+		sh.slots = make(map[string]map[string]int64)
+		sh.settled = make(map[string]int64)
+		sh.nextSweep = m.sweepEvery
+	}
+	return m
+}
+
+func cmp0(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+func (m *Memory) nowNS() int64 { return int64(m.now().Sub(m.epoch)) }
+
+func (m *Memory) shardOf(key string) uint8 {
+	return uint8(maphash.String(m.seed, key) % shardCount)
+}
+
+// lockSet is the sorted set of shards an operation locks. Locking in
+// ascending order keeps concurrent chains free of deadlock.
+type lockSet uint64
+
+func (l *lockSet) add(i uint8) { *l |= 1 << i }
+
+func (m *Memory) lock(l *lockSet) {
+	for s := uint64(*l); s != 0; s &= s - 1 {
+		m.shards[bits.TrailingZeros64(s)].mu.Lock()
+	}
+}
+
+func (m *Memory) unlock(l *lockSet) {
+	for s := uint64(*l); s != 0; s &= s - 1 {
+		m.shards[bits.TrailingZeros64(s)].mu.Unlock()
+	}
+}
+
+// peek returns bucket b's level brought up to now (S2) without writing it:
+// a refused request must not write (S9), and not writing keeps every store's
+// arithmetic identical.
+func (sh *shard) peek(b Bucket, now int64) (tokens float64, last int64, p *level) {
+	p = sh.buckets[b.Key]
+	if p == nil {
+		return b.Limit.Capacity, now, nil
+	}
+	tokens, last = p.tokens, p.last
+	if now > last {
+		tokens = min(b.Limit.Capacity, tokens+b.Limit.Rate*(float64(now-last)/1e9))
+		last = now
+	}
+	return tokens, last, p
+}
+
+func (sh *shard) put(b Bucket, p *level, tokens float64, last, now int64) {
+	if p == nil {
+		if tokens >= b.Limit.Capacity && last <= now {
+			return // a missing bucket is a full one
+		}
+		p = new(level)
+		sh.buckets[b.Key] = p
+	}
+	p.tokens, p.last, p.limit = tokens, last, b.Limit
+}
+
+func hold(last, now int64) time.Duration {
+	if last > now {
+		return time.Duration(last - now)
+	}
+	return 0
+}
+
+// sweep drops full buckets and expired leases of a locked shard.
+func (m *Memory) sweep(sh *shard, now int64) {
+	if now < sh.nextSweep {
+		return
+	}
+	sh.nextSweep = now + m.sweepEvery
+	for k, p := range sh.buckets {
+		if p.full(now) {
+			delete(sh.buckets, k)
+		}
+	}
+	for k, ls := range sh.slots {
+		for id, exp := range ls {
+			if exp <= now {
+				delete(ls, id)
+			}
+		}
+		if len(ls) == 0 {
+			delete(sh.slots, k)
+		}
+	}
+}
+
+// newID returns a random reservation ID. A shared counter would make every
+// admission touch one cache line from all cores; 64 random bits make a
+// collision within the settled window vanishingly unlikely.
+func (m *Memory) newID() string {
+	var buf [24]byte
+	return string(strconv.AppendUint(append(buf[:0], "mem-"...), rand.Uint64(), 36))
+}
+
+// Reserve implements Store (S3–S5, S11, S12, S19). A request without an ID
+// gets one.
+func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
+	if err := req.Validate(); err != nil {
+		return Decision{}, err
+	}
+	id := req.ID
+	if id == "" {
+		id = m.newID()
+	}
+	var ls lockSet
+	var bufShard [8]uint8
+	shards := bufShard[:0]
+	for _, b := range req.Buckets {
+		i := m.shardOf(b.Key)
+		shards = append(shards, i)
+		ls.add(i)
+	}
+	var bufSlot [8]uint8
+	slotShards := bufSlot[:0]
+	for _, s := range req.Slots {
+		i := m.shardOf(s.Key)
+		slotShards = append(slotShards, i)
+		ls.add(i)
+	}
+	m.lock(&ls)
+	// Unlocked below, before the decision is assembled: only the step itself
+	// needs the shards.
+	now := m.nowNS()
+
+	var bufObs [8]Observation
+	var bufLast [8]int64
+	var bufP [8]*level
+	obs, lasts, ps := bufObs[:0], bufLast[:0], bufP[:0]
+	reason := Admitted
+	var worst time.Duration
+	hardShort := false
+	for i, b := range req.Buckets {
+		sh := &m.shards[shards[i]]
+		tokens, last, p := sh.peek(b, now)
+		obs = append(obs, Observation{Level: tokens, Hold: hold(last, now)})
+		lasts, ps = append(lasts, last), append(ps, p)
+		if !Fits(b, req.Cost, req.Priority) {
+			reason = NeverAdmissible
+			continue
+		}
+		if w := WaitFor(b, tokens, hold(last, now), req.Cost, req.Priority); w > 0 {
+			hardShort = hardShort || b.Hard
+			worst = max(worst, w)
+		}
+	}
+	if reason == Admitted && worst > 0 && (hardShort || worst > req.MaxWait) {
+		reason = ShortOfTokens
+	}
+	full := -1
+	if reason == Admitted {
+		for j, s := range req.Slots {
+			leases := m.shards[slotShards[j]].slots[s.Key]
+			if len(leases) >= s.Max {
+				for lid, exp := range leases {
+					if exp <= now {
+						delete(leases, lid)
+					}
+				}
+				if len(leases) >= s.Max {
+					reason, full = ConcurrencyFull, j
+					break
+				}
+			}
+		}
+	}
+	if reason == Admitted {
+		for i, b := range req.Buckets {
+			obs[i].Level -= req.Cost
+			m.shards[shards[i]].put(b, ps[i], obs[i].Level, lasts[i], now)
+		}
+		for j, s := range req.Slots {
+			sh := &m.shards[slotShards[j]]
+			leases := sh.slots[s.Key]
+			if leases == nil {
+				leases = make(map[string]int64, s.Max)
+				sh.slots[s.Key] = leases
+			}
+			leases[id] = now + int64(s.LeaseOrDefault())
+		}
+		for s := uint64(ls); s != 0; s &= s - 1 {
+			m.sweep(&m.shards[bits.TrailingZeros64(s)], now)
+		}
+	}
+	m.unlock(&ls)
+	return NewDecision(req, id, reason, obs, full), nil
+}
+
+// Extend implements Store (S14): it debits n from every hard bucket of r,
+// all or none, and never below zero.
+func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, error) {
+	if r == nil {
+		return false, fmt.Errorf("%w: extend: nil reservation", ErrInvalidRequest)
+	}
+	if err := amount("extend amount", n); err != nil {
+		return false, err
+	}
+	if n == 0 || !r.HasHard() {
+		return true, nil
+	}
+	var ls lockSet
+	for _, b := range r.Buckets {
+		if b.Hard {
+			ls.add(m.shardOf(b.Key))
+		}
+	}
+	m.lock(&ls)
+	defer m.unlock(&ls)
+	now := m.nowNS()
+	for _, b := range r.Buckets {
+		if !b.Hard {
+			continue
+		}
+		tokens, last, _ := m.shards[m.shardOf(b.Key)].peek(b, now)
+		if tokens-n < 0 || last > now {
+			return false, nil
+		}
+	}
+	for _, b := range r.Buckets {
+		if !b.Hard {
+			continue
+		}
+		sh := &m.shards[m.shardOf(b.Key)]
+		tokens, last, p := sh.peek(b, now)
+		sh.put(b, p, tokens-n, last, now)
+	}
+	r.Extended += n
+	return true, nil
+}
+
+// Settle implements Store (S8, S9): it replaces the reservation by actual,
+// refunding at most up to capacity and debiting at most down to each
+// bucket's floor, and releases the reservation's slots. A second Settle of
+// the same ID within SettledTTL reports the state and changes nothing.
+func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error) {
+	if r == nil || r.ID == "" {
+		return nil, fmt.Errorf("%w: settle: reservation without ID", ErrInvalidRequest)
+	}
+	if err := amount("actual usage", actual); err != nil {
+		return nil, err
+	}
+	var ls lockSet
+	var bufShard [8]uint8
+	shards := bufShard[:0]
+	for _, b := range r.Buckets {
+		i := m.shardOf(b.Key)
+		shards = append(shards, i)
+		ls.add(i)
+	}
+	for _, s := range r.Slots {
+		ls.add(m.shardOf(s.Key))
+	}
+	// The settled mark lives beside the first key, whose shard is locked
+	// anyway.
+	var markShard uint8
+	switch {
+	case len(r.Buckets) > 0:
+		markShard = shards[0]
+	case len(r.Slots) > 0:
+		markShard = m.shardOf(r.Slots[0].Key)
+	default:
+		markShard = m.shardOf(r.ID)
+		ls.add(markShard)
+	}
+	m.lock(&ls)
+	now := m.nowNS()
+
+	done := m.markSettled(&m.shards[markShard], r.ID, now)
+	var bufObs [8]Observation
+	obs := bufObs[:0]
+	for i, b := range r.Buckets {
+		sh := &m.shards[shards[i]]
+		tokens, last, p := sh.peek(b, now)
+		if !done {
+			tokens = Apply(b, tokens, r.Charged(b)-actual)
+			sh.put(b, p, tokens, last, now)
+		}
+		obs = append(obs, Observation{Level: tokens, Hold: hold(last, now)})
+	}
+	if !done {
+		for _, s := range r.Slots {
+			sh := &m.shards[m.shardOf(s.Key)]
+			if leases := sh.slots[s.Key]; leases != nil {
+				delete(leases, r.ID)
+			}
+		}
+	}
+	m.unlock(&ls)
+	states := make([]BucketState, len(r.Buckets))
+	for i, b := range r.Buckets {
+		states[i] = NewState(b, obs[i])
+	}
+	return states, nil
+}
+
+// Apply returns the level of bucket b after settling delta tokens (what was
+// charged minus what was used) at level tokens (S8, S9, S14): a refund
+// fills at most to capacity, a debit goes at most down to the floor — and a
+// debit never raises a level that is already below the floor.
+func Apply(b Bucket, tokens, delta float64) float64 {
+	if delta >= 0 {
+		return min(b.Limit.Capacity, tokens+delta)
+	}
+	return min(tokens, max(b.Floor(), tokens+delta))
+}
+
+// markSettled records id as settled and reports whether it already was.
+func (m *Memory) markSettled(sh *shard, id string, now int64) bool {
+	if exp, ok := sh.settled[id]; ok && exp > now {
+		return true
+	}
+	if sh.ring == nil {
+		sh.ring = make([]settledID, max(1, m.window/shardCount))
+	}
+	for sh.n > 0 && (sh.n == len(sh.ring) || sh.ring[sh.head].exp <= now) {
+		old := sh.ring[sh.head]
+		if sh.settled[old.id] == old.exp {
+			delete(sh.settled, old.id)
+		}
+		sh.ring[sh.head] = settledID{}
+		sh.head = (sh.head + 1) % len(sh.ring)
+		sh.n--
+	}
+	exp := now + m.settledTTL
+	sh.settled[id] = exp
+	sh.ring[(sh.head+sh.n)%len(sh.ring)] = settledID{id: id, exp: exp}
+	sh.n++
+	return false
+}
+
+// Pause implements Store (S18): the bucket is empty, and does not refill,
+// until the given time. Debt is kept.
+func (m *Memory) Pause(ctx context.Context, b Bucket, until time.Time) error {
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	sh := &m.shards[m.shardOf(b.Key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := m.nowNS()
+	tokens, last, p := sh.peek(b, now)
+	sh.put(b, p, min(tokens, 0), max(last, int64(until.Sub(m.epoch))), now)
+	return nil
+}
+
+// Renew extends the leases of r's concurrency slots by their Lease from now
+// (S11), for responses that outlive one lease; a lease that has already
+// expired is not taken again. It implements Renewer.
+func (m *Memory) Renew(ctx context.Context, r *Reservation) error {
+	if r == nil || r.ID == "" {
+		return fmt.Errorf("%w: renew: reservation without ID", ErrInvalidRequest)
+	}
+	for _, s := range r.Slots {
+		sh := &m.shards[m.shardOf(s.Key)]
+		sh.mu.Lock()
+		now := m.nowNS()
+		if exp, ok := sh.slots[s.Key][r.ID]; ok && exp > now {
+			sh.slots[s.Key][r.ID] = now + int64(s.LeaseOrDefault())
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package buckets_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/bucketstest"
+)
+
+// openMemory opens one Memory store on the clock; every caller of a test
+// shares it, as every goroutine of one gateway would.
+func openMemory(t *testing.T, clock *bucketstest.Clock, n int) []buckets.Store {
+	m := buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now})
+	stores := make([]buckets.Store, n)
+	for i := range stores {
+		stores[i] = m
+	}
+	return stores
+}
+
+func TestMemoryContract(t *testing.T) { bucketstest.Run(t, openMemory) }
+
+func TestMemoryInvalid(t *testing.T) { bucketstest.RunInvalid(t, openMemory) }
+
+func TestMemoryRaces(t *testing.T) { bucketstest.RunRaces(t, openMemory) }
+
+func TestMemoryProperty(t *testing.T) { bucketstest.RunProperty(t, openMemory, 8, 400) }
+
+// TestMemoryBounded checks that idle full buckets and expired leases are
+// dropped, and that remembered settlements are bounded.
+func TestMemoryBounded(t *testing.T) {
+	clock := bucketstest.NewClock()
+	m := buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now, SweepEvery: time.Second, SettledWindow: 64})
+	ctx := context.Background()
+	for i := range 1000 {
+		r := buckets.Request{ID: "r" + strconv.Itoa(i), Cost: 1,
+			Buckets: []buckets.Bucket{{Name: "u", Key: "u" + strconv.Itoa(i), Limit: buckets.Limit{Capacity: 10, Rate: 1}}},
+			Slots:   []buckets.Slot{{Name: "c", Key: "c" + strconv.Itoa(i), Max: 1, Lease: time.Second}}}
+		d, err := m.Reserve(ctx, r)
+		if err != nil || !d.OK {
+			t.Fatalf("Reserve = %+v, %v", d, err)
+		}
+		if i%2 == 0 {
+			if _, err := m.Settle(ctx, d.Reservation, 3); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if b, s, settled := buckets.Sizes(m); b != 1000 || s != 1000 || settled > 64 {
+		t.Fatalf("sizes = %d buckets, %d slots, %d settled; want 1000, 1000, at most 64", b, s, settled)
+	}
+	// After 3 s every bucket is full again (debt of 2 at most refills in 3 s)
+	// and every lease has expired; the next admission sweeps them.
+	clock.Advance(3*time.Second + time.Millisecond)
+	// Zero-cost requests on many keys reach every shard and leave their own
+	// buckets full, so everything is swept.
+	touch := buckets.Request{Buckets: []buckets.Bucket{{Name: "k", Limit: buckets.Limit{Capacity: 10, Rate: 1}}}}
+	for i := range 2000 {
+		touch.Buckets[0].Key = "touch" + strconv.Itoa(i)
+		if _, err := m.Reserve(ctx, touch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, s, _ := buckets.Sizes(m); b != 0 || s != 0 {
+		t.Errorf("after the sweep: %d buckets, %d slot keys; want none", b, s)
+	}
+}
+
+// TestMemorySettleOnce checks S8 with copies of a reservation: the ID, not
+// the pointer, makes settlement happen once.
+func TestMemorySettleOnce(t *testing.T) {
+	m := buckets.NewMemory(buckets.MemoryOptions{Now: bucketstest.NewClock().Now})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "b", Key: "b", Limit: buckets.Limit{Capacity: 10, Rate: 1}}
+	d, err := m.Reserve(ctx, buckets.Request{Cost: 5, Buckets: []buckets.Bucket{b}})
+	if err != nil || !d.OK || d.Reservation.ID == "" {
+		t.Fatalf("Reserve = %+v, %v; want admitted with an ID", d, err)
+	}
+	cp := *d.Reservation
+	if _, err := m.Settle(ctx, d.Reservation, 1); err != nil {
+		t.Fatal(err)
+	}
+	states, err := m.Settle(ctx, &cp, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := states[0].Remaining; got != 9 {
+		t.Errorf("remaining after settling a copy again = %v, want 9", got)
+	}
+}
+
+// ExampleMemory shows the reserve-then-settle cycle (S7, S8).
+func ExampleMemory() {
+	ctx := context.Background()
+	store := buckets.NewMemory(buckets.MemoryOptions{})
+	user := buckets.Bucket{Name: "user", Key: "user:42", Limit: buckets.PerMinute(600, 0)}
+
+	d, err := store.Reserve(ctx, buckets.Request{ID: "req-1", Cost: 500, Buckets: []buckets.Bucket{user}})
+	if err != nil {
+		fmt.Println("store error:", err)
+		return
+	}
+	fmt.Println(d.OK, d.Buckets[0].Remaining)
+
+	d2, _ := store.Reserve(ctx, buckets.Request{ID: "req-2", Cost: 200, Buckets: []buckets.Bucket{user}})
+	fmt.Println(d2.OK, d2.Reason, d2.Limiting, d2.Wait.Round(time.Second))
+
+	states, _ := store.Settle(ctx, d.Reservation, 120) // the response used 120 tokens
+	fmt.Println(states[0].Remaining >= 480)
+	// Output:
+	// true 100
+	// false short_of_tokens user 10s
+	// true
+}

@@ -1,0 +1,179 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/redisstore"
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+// TestServerClock runs on the Redis server's TIME (S2), as in production,
+// and checks that every key the store writes has a TTL, so idle buckets
+// vanish.
+func TestServerClock(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "user", Key: "user:{7}", Limit: buckets.Limit{Capacity: 100, Rate: 1}}
+	r := buckets.Request{ID: "r1", Cost: 40, Buckets: []buckets.Bucket{b},
+		Slots: []buckets.Slot{{Name: "conc", Key: "user:{7}", Max: 4, Lease: time.Minute}}}
+	d, err := st.Reserve(ctx, r)
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v", d, err)
+	}
+	if got := d.Buckets[0].Remaining; got < 60 || got > 60.5 {
+		t.Errorf("remaining = %v, want about 60", got)
+	}
+	if ttl := c.PTTL(ctx, "tg:c:{user:%7B7%7D}").Val(); ttl <= 0 || ttl > time.Minute+2*time.Second {
+		t.Errorf("slot set TTL = %v, want about the lease (1m)", ttl)
+	}
+	states, err := st.Settle(ctx, d.Reservation, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := states[0].Remaining; got < 50 || got > 51 {
+		t.Errorf("remaining after settling 50 = %v, want about 50", got)
+	}
+	keys, err := c.Keys(ctx, "tg:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 { // the released slot set is gone with its last member
+		t.Errorf("keys = %q, want a bucket and a settled marker", keys)
+	}
+	for _, k := range keys {
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil || ttl <= 0 {
+			t.Errorf("PTTL %s = %v, %v; want a positive TTL", k, ttl, err)
+		}
+	}
+	// A bucket's key lives at least until it is full again (50 s), at most
+	// as long as a refill from its floor (-100 → 100 takes 200 s) and a
+	// second.
+	if ttl := c.PTTL(ctx, "tg:b:{user:%7B7%7D}").Val(); ttl < 50*time.Second || ttl > 202*time.Second {
+		t.Errorf("bucket TTL = %v, want between 50s and 202s", ttl)
+	}
+}
+
+// TestStoreFailure checks S21's contract with the caller: an unreachable
+// Redis is an error wrapping buckets.ErrStore, never a decision, and the
+// store works again once Redis is back — even though the restarted server
+// has forgotten the scripts.
+func TestStoreFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "user", Key: "u", Limit: buckets.Limit{Capacity: 10, Rate: 1}}
+	r := buckets.Request{Cost: 1, Buckets: []buckets.Bucket{b}}
+	if d, err := st.Reserve(ctx, r); err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v", d, err)
+	}
+	srv.Kill()
+	if _, err := st.Reserve(ctx, r); !errors.Is(err, buckets.ErrStore) {
+		t.Fatalf("Reserve with Redis down = %v, want ErrStore", err)
+	}
+	srv.Restart()
+	var err error
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var d buckets.Decision
+		d, err = st.Reserve(ctx, r)
+		if err == nil {
+			if !d.OK || d.Buckets[0].Remaining != 9 {
+				t.Errorf("Reserve after restart = %+v; want admitted from a fresh bucket", d)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Reserve after restart still fails: %v", err)
+		}
+	}
+}
+
+// TestClusterChainAcrossSlots checks the compensation of a chain split
+// over cluster slots: when a later group refuses, the earlier group's take
+// is refunded and its slot released.
+func TestClusterChainAcrossSlots(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	ctx := context.Background()
+	// Find two keys in different slots.
+	a, z := "a", ""
+	for i := 0; z == ""; i++ {
+		k := "z" + strconv.Itoa(i)
+		if redisstore.HashSlot(k) != redisstore.HashSlot(a) {
+			z = k
+		}
+	}
+	big := buckets.Bucket{Name: "big", Key: a, Limit: buckets.Limit{Capacity: 100, Rate: 1e-9}}
+	small := buckets.Bucket{Name: "small", Key: z, Limit: buckets.Limit{Capacity: 5, Rate: 1e-9}}
+	slot := buckets.Slot{Name: "conc", Key: a, Max: 1}
+	r := buckets.Request{Cost: 4, Buckets: []buckets.Bucket{big, small}, Slots: []buckets.Slot{slot}}
+	if d, err := st.Reserve(ctx, r); err != nil || !d.OK {
+		t.Fatalf("first Reserve = %+v, %v", d, err)
+	} else if _, err := st.Settle(ctx, d.Reservation, 4); err != nil {
+		t.Fatal(err)
+	}
+	d, err := st.Reserve(ctx, r)
+	if err != nil || d.OK || d.Limiting != "small" {
+		t.Fatalf("second Reserve = %+v, %v; want refused by small", d, err)
+	}
+	// big was taken and refunded, and the slot released: a request that
+	// needs only big and the slot fits exactly.
+	d, err = st.Reserve(ctx, buckets.Request{Cost: 96, Buckets: []buckets.Bucket{big}, Slots: []buckets.Slot{slot}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve of the rest of big = %+v, %v; want admitted", d, err)
+	}
+}
+
+// TestClusterExtendAcrossSlots checks that Extend over hard buckets in two
+// slots is all or none: when the second refuses, the first is refunded.
+func TestClusterExtendAcrossSlots(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	ctx := context.Background()
+	a, z := "a", ""
+	for i := 0; z == ""; i++ {
+		if k := "z" + strconv.Itoa(i); redisstore.HashSlot(k) != redisstore.HashSlot(a) {
+			z = k
+		}
+	}
+	first := buckets.Bucket{Name: "first", Key: a, Hard: true, Limit: buckets.Limit{Capacity: 100, Rate: 1e-9}}
+	second := buckets.Bucket{Name: "second", Key: z, Hard: true, Limit: buckets.Limit{Capacity: 10, Rate: 1e-9}}
+	d, err := st.Reserve(ctx, buckets.Request{Cost: 5, Buckets: []buckets.Bucket{first, second}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v", d, err)
+	}
+	if ok, err := st.Extend(ctx, d.Reservation, 4); err != nil || !ok {
+		t.Fatalf("Extend(4) = %v, %v; want true", ok, err)
+	}
+	if ok, err := st.Extend(ctx, d.Reservation, 2); err != nil || ok {
+		t.Fatalf("Extend(2) with 1 left in second = %v, %v; want false", ok, err)
+	}
+	if d.Reservation.Extended != 4 {
+		t.Errorf("Extended = %v, want 4", d.Reservation.Extended)
+	}
+	probe, err := st.Reserve(ctx, buckets.Request{Cost: 0, Buckets: []buckets.Bucket{first, second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []float64{probe.Buckets[0].Remaining, probe.Buckets[1].Remaining}; math.Abs(got[0]-91) > 1e-6 || math.Abs(got[1]-1) > 1e-6 {
+		t.Errorf("levels after a refused Extend = %v, want [91 1]", got)
+	}
+}

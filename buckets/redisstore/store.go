@@ -1,0 +1,649 @@
+// Package redisstore is the buckets.Store for a fleet of gateways: bucket
+// state lives in Redis, and every operation is one Lua script call that
+// refills, checks and debits in one atomic step (S20), timed by the Redis
+// server's clock (S2). It works with standalone Redis and with Redis
+// Cluster.
+//
+// # Keys
+//
+// A bucket with key K is the string <prefix>b:{K}, a concurrency limit is the
+// sorted set <prefix>c:{K}, and a settled reservation leaves the marker
+// <prefix>s:{K}:<id> (K escaped so that it contains no braces). Every key
+// has a TTL: an idle bucket expires once it would have refilled to full,
+// which is the state a missing key stands for.
+//
+// # Redis Cluster
+//
+// The keys of one bucket key K share the hash slot of K. A chain's buckets
+// usually have different keys (user, team, provider), and every user's chain
+// shares the provider bucket, so no choice of hash tags can put all chains
+// in one slot without putting everything there. With Options.Cluster the
+// store therefore groups a chain's keys by hash slot and runs one atomic
+// script per group: each group takes its tokens only if all its own buckets
+// admit. The groups are asked concurrently, so a split chain still costs
+// one round trip. If any group refuses, the groups that took are refunded
+// (compensated) at once. A bucket is thus never over-admitted — each take is
+// checked atomically against its own level — and the cost of the split is
+// only that tokens held between a take and its refund may refuse another
+// request in that moment (the safe side). Settlement runs per group too, each
+// with its own once-only marker in that group's slot.
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+// Scripter is the part of a go-redis client the store uses. *redis.Client,
+// *redis.ClusterClient and *redis.Ring satisfy it.
+type Scripter interface {
+	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
+}
+
+var (
+	_ Scripter      = (*redis.Client)(nil)
+	_ Scripter      = (*redis.ClusterClient)(nil)
+	_ buckets.Store = (*Store)(nil)
+)
+
+// Options configures a Store. The zero value gives the defaults.
+type Options struct {
+	// Prefix starts every key; empty means "tg:".
+	Prefix string
+	// Cluster splits a chain by hash slot, as Redis Cluster requires (see
+	// the package documentation). It is set automatically when the client is
+	// a *redis.ClusterClient.
+	Cluster bool
+	// SettledTTL is how long a settled reservation is remembered, so that a
+	// second Settle of it changes nothing (S8). Zero means one hour.
+	SettledTTL time.Duration
+	// Now is the gateway clock, used only to turn Pause's absolute time into
+	// a duration from now; the buckets themselves run on Redis's clock. Nil
+	// means time.Now.
+	Now func() time.Time
+}
+
+// Store is the Redis buckets.Store. It is safe for concurrent use; it holds
+// no state besides its configuration, so any number of gateways may share
+// one Redis. Use New; the zero value is not usable.
+type Store struct {
+	c          Scripter
+	prefix     string
+	cluster    bool
+	settledTTL string
+	now        func() time.Time
+	limits     sync.Map // limitKey → *[4]any, see limitArgs
+	nlimits    atomic.Int64
+	// scriptNow, when set, replaces the Redis server's TIME inside the
+	// scripts. Only this package's tests set it (export_test.go): no
+	// configuration reaches it.
+	scriptNow func() time.Time
+}
+
+// New returns a Store that keeps its buckets in Redis through c.
+func New(c Scripter, opts Options) *Store {
+	s := &Store{c: c, prefix: opts.Prefix, cluster: opts.Cluster, now: opts.Now}
+	if s.prefix == "" {
+		s.prefix = "tg:"
+	}
+	if _, ok := c.(*redis.ClusterClient); ok {
+		s.cluster = true
+	}
+	ttl := opts.SettledTTL
+	if ttl <= 0 {
+		ttl = time.Hour
+	}
+	s.settledTTL = strconv.FormatInt(ttl.Milliseconds(), 10)
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s
+}
+
+type script struct{ src, sha string }
+
+func newScript(src string) script { return script{src: src, sha: redis.NewScript(src).Hash()} }
+
+var (
+	reserveScript = newScript(reserveLua)
+	settleScript  = newScript(settleLua)
+	extendScript  = newScript(extendLua)
+	pauseScript   = newScript(pauseLua)
+	renewScript   = newScript(renewLua)
+)
+
+var _ buckets.Renewer = (*Store)(nil)
+
+// Renew implements buckets.Renewer: it extends the reservation's slot
+// leases that have not expired by their Lease, one script call per slot
+// group.
+func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
+	if r == nil || r.ID == "" {
+		return fmt.Errorf("%w: renew: reservation without ID", buckets.ErrInvalidRequest)
+	}
+	nowArg := s.nowArg()
+	for _, g := range s.groups(nil, r.Slots) {
+		keys := make([]string, 0, len(g.slots))
+		args := []any{nowArg, r.ID}
+		for _, j := range g.slots {
+			keys = append(keys, s.slotKey(r.Slots[j].Key))
+			args = append(args, r.Slots[j].LeaseOrDefault().Microseconds())
+		}
+		if _, err := s.run(ctx, renewScript, keys, args); err != nil {
+			return fmt.Errorf("redisstore: renew: %w", err)
+		}
+	}
+	return nil
+}
+
+// run calls the script by its SHA, and by its source when Redis does not
+// know it yet (NOSCRIPT, after a restart or failover).
+func (s *Store) run(ctx context.Context, sc script, keys []string, args []any) ([]any, error) {
+	v, err := s.c.EvalSha(ctx, sc.sha, keys, args...).Result()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, err = s.c.Eval(ctx, sc.src, keys, args...).Result()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", buckets.ErrStore, err)
+	}
+	if out, ok := v.([]any); ok && len(out) > 0 {
+		return out, nil
+	}
+	return []any{v}, nil
+}
+
+func (s *Store) nowArg() string {
+	if s.scriptNow == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.scriptNow().UnixMicro(), 10)
+}
+
+// num formats f so that Lua's tonumber reads back exactly the same double.
+func num(f float64) any {
+	switch f {
+	case 0:
+		return "0"
+	case 1:
+		return "1"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// limitArgs returns the script arguments for bucket b: capacity, rate,
+// floor ("low") and the TTL that covers a refill from the floor to full.
+// Limits come from configuration, so there are few of them: they are
+// formatted once.
+func (s *Store) limitArgs(b buckets.Bucket) *[4]any {
+	k := limitKey{b.Limit, b.Floor()}
+	if v, ok := s.limits.Load(k); ok {
+		return v.(*[4]any)
+	}
+	ms := math.Ceil((b.Limit.Capacity-k.floor)/b.Limit.Rate*1000) + 1001
+	a := &[4]any{num(b.Limit.Capacity), num(b.Limit.Rate), num(k.floor), strconv.FormatInt(int64(math.Min(ms, 1e12)), 10)}
+	if s.nlimits.Add(1) <= maxCachedLimits {
+		s.limits.Store(k, a)
+	}
+	return a
+}
+
+// ttlArg returns the TTL argument of bucket b: the time to refill from its
+// floor to full, plus a second, in milliseconds.
+func (s *Store) ttlArg(b buckets.Bucket) any { return s.limitArgs(b)[3] }
+
+// pack appends float64s in the byte order of the scripts' struct formats.
+func pack(p []byte, fs ...float64) []byte {
+	for _, f := range fs {
+		p = binary.LittleEndian.AppendUint64(p, math.Float64bits(f))
+	}
+	return p
+}
+
+// structFormat returns the struct format of n little-endian doubles.
+func structFormat(n int) string {
+	if n < len(structFormats) {
+		return structFormats[n]
+	}
+	return "<" + strings.Repeat("d", n)
+}
+
+var structFormats = func() (f [128]string) {
+	for i := range f {
+		f[i] = "<" + strings.Repeat("d", i)
+	}
+	return f
+}()
+
+type limitKey struct {
+	limit buckets.Limit
+	floor float64
+}
+
+// maxCachedLimits bounds the formatted limits kept, should limits ever
+// come from somewhere other than configuration.
+const maxCachedLimits = 4096
+
+// escape keeps braces out of a key so that the braces the store adds are
+// its hash tag; it is injective, so distinct keys stay distinct.
+func escape(k string) string {
+	if !strings.ContainsAny(k, "{}%") {
+		return k
+	}
+	return strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D").Replace(k)
+}
+
+func (s *Store) bucketKey(k string) string { return s.prefix + "b:{" + escape(k) + "}" }
+func (s *Store) slotKey(k string) string   { return s.prefix + "c:{" + escape(k) + "}" }
+
+// group is the part of a chain that one script call handles atomically: in
+// standalone mode the whole chain, in cluster mode the keys of one hash
+// slot.
+type group struct {
+	tag     string // escaped key whose slot the group uses, for its marker
+	buckets []int
+	slots   []int
+}
+
+func (s *Store) groups(bs []buckets.Bucket, ss []buckets.Slot) []group {
+	if !s.cluster {
+		if len(bs)+len(ss) == 0 {
+			return nil
+		}
+		g := group{}
+		for i := range bs {
+			g.buckets = append(g.buckets, i)
+		}
+		for j := range ss {
+			g.slots = append(g.slots, j)
+		}
+		if len(bs) > 0 {
+			g.tag = escape(bs[0].Key)
+		} else {
+			g.tag = escape(ss[0].Key)
+		}
+		return []group{g}
+	}
+	var gs []group
+	bySlot := map[uint16]int{}
+	at := func(key string) *group {
+		tag := escape(key)
+		sl := hashSlot(tag)
+		i, ok := bySlot[sl]
+		if !ok {
+			i = len(gs)
+			bySlot[sl] = i
+			gs = append(gs, group{tag: tag})
+		}
+		return &gs[i]
+	}
+	for i, b := range bs {
+		g := at(b.Key)
+		g.buckets = append(g.buckets, i)
+	}
+	for j, sl := range ss {
+		g := at(sl.Key)
+		g.slots = append(g.slots, j)
+	}
+	return gs
+}
+
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// parseObs reads the packed level and hold (µs) of each bucket of idx from
+// a script reply element.
+func (s *Store) parseObs(v any, idx []int, obs []buckets.Observation) error {
+	p, _ := v.(string)
+	if len(p) != 16*len(idx) {
+		return fmt.Errorf("%w: unexpected script reply of %d bytes for %d buckets", buckets.ErrStore, len(p), len(idx))
+	}
+	for n, i := range idx {
+		l := math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[16*n:])))
+		h := math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[16*n+8:])))
+		obs[i] = buckets.Observation{Level: l, Hold: time.Duration(h) * time.Microsecond}
+	}
+	return nil
+}
+
+// rank orders refusal reasons for combining the groups of a chain, as one
+// script would decide: never admissible, then short of tokens, then
+// concurrency.
+func rank(r buckets.Reason) int {
+	switch r {
+	case buckets.NeverAdmissible:
+		return 3
+	case buckets.ShortOfTokens:
+		return 2
+	case buckets.ConcurrencyFull:
+		return 1
+	}
+	return 0
+}
+
+var scriptReasons = [...]buckets.Reason{buckets.Admitted, buckets.ShortOfTokens, buckets.ConcurrencyFull, buckets.NeverAdmissible}
+
+// Reserve implements buckets.Store with one script call per group (one in
+// standalone mode). A request without an ID gets a random one.
+func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decision, error) {
+	if err := req.Validate(); err != nil {
+		return buckets.Decision{}, err
+	}
+	id := req.ID
+	if id == "" {
+		id = newID()
+	}
+	obs := make([]buckets.Observation, len(req.Buckets))
+	reason, full := buckets.Admitted, -1
+	var took []group
+	nowArg := s.nowArg()
+	gs := s.groups(req.Buckets, req.Slots)
+	type result struct {
+		st   buckets.Reason
+		slot int
+		err  error
+	}
+	res := make([]result, len(gs))
+	// The groups of a cluster chain live on different nodes: ask them all
+	// at once. Each writes only its own buckets' observations.
+	eachGroup(len(gs), func(k int) {
+		res[k].st, res[k].slot, res[k].err = s.reserveGroup(ctx, gs[k], req, id, nowArg, obs)
+	})
+	var firstErr error
+	for k, g := range gs {
+		r := res[k]
+		switch {
+		case r.err != nil:
+			firstErr = cmp.Or(firstErr, r.err)
+		case r.st == buckets.Admitted:
+			took = append(took, g)
+		case rank(r.st) > rank(reason):
+			reason, full = r.st, r.slot
+		}
+	}
+	if firstErr != nil {
+		return buckets.Decision{}, s.compensate(ctx, took, req, id, firstErr)
+	}
+	if reason != buckets.Admitted && len(took) > 0 {
+		for _, g := range took {
+			for _, i := range g.buckets {
+				obs[i].Level += req.Cost // report the level the request met
+			}
+		}
+		if err := s.compensate(ctx, took, req, id, nil); err != nil {
+			return buckets.Decision{}, err
+		}
+	}
+	return buckets.NewDecision(req, id, reason, obs, full), nil
+}
+
+func (s *Store) reserveGroup(ctx context.Context, g group, req buckets.Request, id, nowArg string, obs []buckets.Observation) (buckets.Reason, int, error) {
+	keys := make([]string, 0, len(g.buckets)+len(g.slots))
+	count := 4 + 5*len(g.buckets) + 2*len(g.slots)
+	packed := make([]byte, 0, 8*count)
+	args := make([]any, 5, 5+len(g.buckets))
+	packed = pack(packed, float64(len(g.buckets)), float64(len(g.slots)), req.Cost, req.MaxWait.Seconds())
+	for _, i := range g.buckets {
+		b := req.Buckets[i]
+		keys = append(keys, s.bucketKey(b.Key))
+		hard := 0.0
+		if b.Hard {
+			hard = 1
+		}
+		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, hard, b.Reserve(req.Priority), b.Floor())
+		args = append(args, s.ttlArg(b))
+	}
+	for _, j := range g.slots {
+		sl := req.Slots[j]
+		keys = append(keys, s.slotKey(sl.Key))
+		packed = pack(packed, float64(sl.Max), float64(sl.LeaseOrDefault().Microseconds()))
+	}
+	args[0], args[1], args[2], args[3], args[4] = nowArg, id, structFormat(count), string(packed), structFormat(2*len(g.buckets))
+	out, err := s.run(ctx, reserveScript, keys, args)
+	if err != nil {
+		return 0, -1, fmt.Errorf("redisstore: reserve: %w", err)
+	}
+	if len(out) != 3 {
+		return 0, -1, fmt.Errorf("redisstore: reserve: %w: unexpected reply %v", buckets.ErrStore, out)
+	}
+	st, _ := out[0].(int64)
+	if st < 0 || int(st) >= len(scriptReasons) {
+		return 0, -1, fmt.Errorf("redisstore: reserve: %w: unexpected reply %v", buckets.ErrStore, out)
+	}
+	full := -1
+	if f, _ := out[1].(int64); f > 0 && int(f) <= len(g.slots) {
+		full = g.slots[f-1]
+	}
+	if err := s.parseObs(out[2], g.buckets, obs); err != nil {
+		return 0, -1, fmt.Errorf("redisstore: reserve: %w", err)
+	}
+	return scriptReasons[st], full, nil
+}
+
+// compensate gives back what the groups in took reserved, when another
+// group of the chain refused or failed. It runs even if ctx is done: the
+// tokens must not stay taken. If it fails, the tokens stay taken until
+// refill returns them — the safe side.
+func (s *Store) compensate(ctx context.Context, took []group, req buckets.Request, id string, cause error) error {
+	if len(took) == 0 {
+		return cause
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	r := &buckets.Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots}
+	var errs []error
+	if cause != nil {
+		errs = append(errs, cause)
+	}
+	for _, g := range took {
+		if _, err := s.settleGroup(cctx, g, r, req.Cost, false, nil, nil); err != nil {
+			errs = append(errs, fmt.Errorf("redisstore: refund of a partly reserved chain: %w", err))
+		}
+	}
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return fmt.Errorf("%w (and %w)", errs[0], errs[1])
+}
+
+// settleGroup adds delta(b) to each bucket of g — refund is the amount to
+// give back when delta is nil — and releases g's slots, once per ID when
+// mark is set.
+func (s *Store) settleGroup(ctx context.Context, g group, r *buckets.Reservation, refund float64, mark bool, delta func(buckets.Bucket) float64, obs []buckets.Observation) (bool, error) {
+	keys := make([]string, 0, len(g.buckets)+len(g.slots)+1)
+	count := 2 + 4*len(g.buckets)
+	packed := make([]byte, 0, 8*count)
+	args := make([]any, 6, 6+len(g.buckets))
+	ttl := ""
+	if mark {
+		ttl = s.settledTTL
+	}
+	packed = pack(packed, float64(len(g.buckets)), float64(len(g.slots)))
+	for _, i := range g.buckets {
+		b := r.Buckets[i]
+		keys = append(keys, s.bucketKey(b.Key))
+		d := refund
+		if delta != nil {
+			d = delta(b)
+		}
+		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, b.Floor(), d)
+		args = append(args, s.ttlArg(b))
+	}
+	for _, j := range g.slots {
+		keys = append(keys, s.slotKey(r.Slots[j].Key))
+	}
+	if mark {
+		keys = append(keys, s.prefix+"s:{"+g.tag+"}:"+r.ID)
+	}
+	args[0], args[1], args[2], args[3], args[4], args[5] = s.nowArg(), r.ID, ttl, structFormat(count), string(packed), structFormat(2*len(g.buckets))
+	out, err := s.run(ctx, settleScript, keys, args)
+	if err != nil {
+		return false, err
+	}
+	done, _ := out[0].(int64)
+	if obs != nil {
+		if len(out) != 2 {
+			return false, fmt.Errorf("%w: unexpected script reply %v", buckets.ErrStore, out)
+		}
+		if err := s.parseObs(out[1], g.buckets, obs); err != nil {
+			return false, err
+		}
+	}
+	return done == 1, nil
+}
+
+// Settle implements buckets.Store: one script call per group, each settling
+// at most once per reservation ID within Options.SettledTTL.
+func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
+	if r == nil || r.ID == "" {
+		return nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest)
+	}
+	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
+		return nil, err
+	}
+	obs := make([]buckets.Observation, len(r.Buckets))
+	delta := func(b buckets.Bucket) float64 { return r.Charged(b) - actual }
+	gs := s.groups(r.Buckets, r.Slots)
+	errs := make([]error, len(gs))
+	eachGroup(len(gs), func(k int) {
+		_, errs[k] = s.settleGroup(ctx, gs[k], r, 0, true, delta, obs)
+	})
+	for _, err := range errs {
+		if err != nil {
+			// Groups that did settle are marked: settling again completes
+			// the rest without settling them twice.
+			return nil, fmt.Errorf("redisstore: settle: %w", err)
+		}
+	}
+	states := make([]buckets.BucketState, len(r.Buckets))
+	for i, b := range r.Buckets {
+		states[i] = buckets.NewState(b, obs[i])
+	}
+	return states, nil
+}
+
+// Extend implements buckets.Store (S14): one script call per group of hard
+// buckets; if a later group refuses, the earlier ones are refunded.
+func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	if r == nil {
+		return false, fmt.Errorf("%w: extend: nil reservation", buckets.ErrInvalidRequest)
+	}
+	if err := buckets.ValidateAmount("extend amount", n); err != nil {
+		return false, err
+	}
+	if n == 0 || !r.HasHard() {
+		return true, nil
+	}
+	var hard []buckets.Bucket
+	var index []int
+	for i, b := range r.Buckets {
+		if b.Hard {
+			hard = append(hard, b)
+			index = append(index, i)
+		}
+	}
+	nowArg := s.nowArg()
+	var took []group
+	for _, g := range s.groups(hard, nil) {
+		keys := make([]string, 0, len(g.buckets))
+		args := make([]any, 0, 3+4*len(g.buckets))
+		args = append(args, nowArg, len(g.buckets), num(n))
+		for _, i := range g.buckets {
+			keys = append(keys, s.bucketKey(hard[i].Key))
+			la := s.limitArgs(hard[i])
+			args = append(args, la[0], la[1], la[2], la[3])
+		}
+		out, err := s.run(ctx, extendScript, keys, args)
+		if err == nil && out[0] == int64(1) {
+			// Record the group in terms of the reservation's buckets.
+			rg := group{tag: g.tag}
+			for _, i := range g.buckets {
+				rg.buckets = append(rg.buckets, index[i])
+			}
+			took = append(took, rg)
+			continue
+		}
+		if len(took) > 0 {
+			rr := &buckets.Reservation{ID: r.ID, Buckets: r.Buckets}
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			for _, tg := range took {
+				if _, cerr := s.settleGroup(cctx, tg, rr, n, false, nil, nil); cerr != nil && err == nil {
+					err = cerr
+				}
+			}
+			cancel()
+		}
+		if err != nil {
+			return false, fmt.Errorf("redisstore: extend: %w", err)
+		}
+		return false, nil
+	}
+	r.Extended += n
+	return true, nil
+}
+
+// Pause implements buckets.Store (S18): the bucket is empty until the given
+// time, measured from now by the gateway clock (a provider's Retry-After is
+// relative anyway), and refills from then on by Redis's clock.
+func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	hold := max(0, until.Sub(s.now()).Microseconds())
+	la := s.limitArgs(b)
+	args := []any{s.nowArg(), la[0], la[1], hold, la[2], la[3]}
+	if _, err := s.run(ctx, pauseScript, []string{s.bucketKey(b.Key)}, args); err != nil {
+		return fmt.Errorf("redisstore: pause: %w", err)
+	}
+	return nil
+}
+
+// eachGroup runs fn for groups 0..n-1, concurrently when there are several
+// (only a cluster chain spans several), and waits for all.
+func eachGroup(n int, fn func(k int)) {
+	if n == 1 {
+		fn(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for k := range n {
+		wg.Go(func() { fn(k) })
+	}
+	wg.Wait()
+}
+
+// hashSlot is Redis Cluster's slot of a hash tag: CRC16-XMODEM modulo 16384.
+func hashSlot(tag string) uint16 {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc & 16383
+}
