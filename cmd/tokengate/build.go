@@ -90,7 +90,7 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 		DefaultPolicy:     cfg.DefaultPolicy,
 		PolicyMetadataKey: cfg.PolicyMetadataKey,
 		Store:             store,
-		Counter:           extproc.TokenizerCounter(counter),
+		Counter:           counter,
 		Namespace:         cfg.Namespace,
 		MaxBodyBytes:      cfg.Listeners.MaxRecvMsgBytes,
 		Logger:            logger,
@@ -115,13 +115,13 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 		for _, b := range cp.Buckets {
 			r := extproc.BucketRule{Name: b.Name, Per: b.Per, Hard: b.Hard, MaxDebt: b.MaxDebt}
 			if pl := b.ProviderLimit; pl != nil {
-				sf := 0.9
+				bp := buckets.ProviderLimit{TokensPerMinute: pl.TokensPerMinute, PriorityHeadroom: pl.PriorityHeadroom}
 				if pl.SafetyFactor != nil {
-					sf = *pl.SafetyFactor
+					bp.SafetyFactor = *pl.SafetyFactor
 				}
-				r.Limit = buckets.PerMinute(pl.TokensPerMinute*sf, 0)
-				r.Headroom = pl.PriorityHeadroom * r.Limit.Capacity
-				r.Provider = true
+				// The configuration was validated, so the derivation cannot fail.
+				pb, _ := bp.Bucket(b.Name, "")
+				r.Limit, r.Headroom, r.Provider = pb.Limit, pb.Headroom, true
 			} else {
 				r.Limit = buckets.PerMinute(b.TokensPerMinute, b.Burst)
 			}

@@ -50,11 +50,11 @@ func runCount(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
-		return fmt.Errorf("count: %w", err)
+		return usageError{fmt.Sprintf("count: %v", err)}
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()
-		return fmt.Errorf("count: want exactly one FILE or -, got %d arguments", fs.NArg())
+		return usageError{fmt.Sprintf("count: want exactly one FILE or -, got %d arguments", fs.NArg())}
 	}
 	var apiName tokenizer.API
 	if *api != "" {
@@ -63,7 +63,7 @@ func runCount(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		case tokenizer.ChatCompletions, tokenizer.Completions, tokenizer.Embeddings,
 			tokenizer.Responses, tokenizer.Messages, tokenizer.Gemini:
 		default:
-			return fmt.Errorf("count: --api %q: want chat, completions, embeddings, responses, messages or gemini", *api)
+			return usageError{fmt.Sprintf("count: --api %q: want chat, completions, embeddings, responses, messages or gemini", *api)}
 		}
 	}
 	body, name, err := readCountInput(ctx, fs.Arg(0), stdin)
