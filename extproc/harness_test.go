@@ -1,0 +1,444 @@
+package extproc
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/envoy/standin"
+	"github.com/tokengate/tokengate/tokenizer"
+)
+
+// fakeCounter counts every prompt as input tokens and every non-empty
+// output delta as one token, so tests can reason about exact amounts.
+type fakeCounter struct {
+	input     int
+	allowance int // when the body has no max_tokens
+
+	mu       sync.Mutex
+	observed []int
+}
+
+var _ tokenCounter = (*fakeCounter)(nil)
+
+func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
+	var body struct {
+		Model         string `json:"model"`
+		Stream        bool   `json:"stream"`
+		MaxTokens     *int   `json:"max_tokens"`
+		StreamOptions *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		return tokenizer.Count{}, fmt.Errorf("%w: %v", tokenizer.ErrMalformed, err)
+	}
+	c := tokenizer.Count{Model: body.Model, Encoding: "o200k_base", Exact: true, InputTokens: f.input, Stream: body.Stream}
+	switch {
+	case strings.HasSuffix(r.Path, "/chat/completions"):
+		c.API = tokenizer.ChatCompletions
+	case strings.HasSuffix(r.Path, "/completions"):
+		c.API = tokenizer.Completions
+	case strings.HasSuffix(r.Path, "/messages"):
+		c.API = tokenizer.Messages
+	default:
+		return tokenizer.Count{}, fmt.Errorf("%w: path %q", tokenizer.ErrUnknownAPI, r.Path)
+	}
+	c.OutputAllowance, c.AllowanceSource = f.allowance, tokenizer.FromDefault
+	if body.MaxTokens != nil {
+		if *body.MaxTokens < 0 {
+			return tokenizer.Count{}, fmt.Errorf("%w: %d", tokenizer.ErrInvalidCap, *body.MaxTokens)
+		}
+		c.OutputCap, c.OutputAllowance, c.AllowanceSource = *body.MaxTokens, *body.MaxTokens, tokenizer.FromRequest
+	}
+	c.IncludeUsage = body.StreamOptions != nil && body.StreamOptions.IncludeUsage
+	return c, nil
+}
+
+func (f *fakeCounter) NewLive(string) liveCounter { return &deltaCount{} }
+
+func (f *fakeCounter) Observe(_, _ string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.observed = append(f.observed, n)
+}
+
+// deltaCount counts one token per non-empty delta.
+type deltaCount struct{ n int }
+
+func (d *deltaCount) Write(s string) {
+	if s != "" {
+		d.n++
+	}
+}
+func (d *deltaCount) Tokens() int { return d.n }
+
+// recordingStore is the real memory store, recording what was reserved and
+// settled, so tests assert the amounts charged.
+type recordingStore struct {
+	inner buckets.Store
+
+	mu       sync.Mutex
+	reserved map[string]float64
+	settled  map[string][]float64 // by reservation ID: every Settle call
+	extended float64
+	errs     []error
+	paused   map[string]time.Time
+	fail     atomic.Bool
+}
+
+var _ buckets.Store = (*recordingStore)(nil)
+
+func newRecordingStore(inner buckets.Store) *recordingStore {
+	if inner == nil {
+		inner = buckets.NewMemory(buckets.MemoryOptions{})
+	}
+	return &recordingStore{
+		inner:    inner,
+		reserved: map[string]float64{},
+		settled:  map[string][]float64{},
+		paused:   map[string]time.Time{},
+	}
+}
+
+var errStoreDown = errors.New("store down")
+
+func (s *recordingStore) Reserve(ctx context.Context, req buckets.Request) (buckets.Decision, error) {
+	if s.fail.Load() {
+		return buckets.Decision{}, errStoreDown
+	}
+	d, err := s.inner.Reserve(ctx, req)
+	if err == nil && d.OK {
+		s.mu.Lock()
+		s.reserved[d.Reservation.ID] = d.Reservation.Cost
+		s.mu.Unlock()
+	}
+	return d, err
+}
+
+func (s *recordingStore) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	ok, err := s.inner.Extend(ctx, r, n)
+	s.mu.Lock()
+	if ok {
+		s.extended += n
+	}
+	if err != nil {
+		s.errs = append(s.errs, err)
+	}
+	s.mu.Unlock()
+	return ok, err
+}
+
+func (s *recordingStore) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
+	s.mu.Lock()
+	s.settled[r.ID] = append(s.settled[r.ID], actual)
+	s.mu.Unlock()
+	return s.inner.Settle(ctx, r, actual)
+}
+
+func (s *recordingStore) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
+	s.mu.Lock()
+	s.paused[b.Name] = until
+	s.mu.Unlock()
+	return s.inner.Pause(ctx, b, until)
+}
+
+// settlements returns every settled amount, and fails the test when a
+// reservation was settled other than exactly once.
+func (s *recordingStore) settlements(t *testing.T) []float64 {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var all []float64
+	for id := range s.reserved {
+		got := s.settled[id]
+		if len(got) != 1 {
+			t.Errorf("reservation %s settled %d times (%v), want exactly once", id, len(got), got)
+		}
+		all = append(all, got...)
+	}
+	return all
+}
+
+// upstream is a scripted LLM upstream. It writes Chunks with a flush after
+// each; with Hang it then holds the response open until the client (the
+// stand-in) goes away, so only a cut-off can end it.
+type upstream struct {
+	Status      int
+	ContentType string
+	Header      map[string]string
+	Chunks      [][]byte
+	Hang        bool
+
+	mu        sync.Mutex
+	bodies    []string
+	headers   []http.Header
+	cancelled atomic.Int32
+	requests  atomic.Int32
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.requests.Add(1)
+	b, _ := io.ReadAll(r.Body)
+	u.mu.Lock()
+	u.bodies = append(u.bodies, string(b))
+	u.headers = append(u.headers, r.Header.Clone())
+	u.mu.Unlock()
+	ct := u.ContentType
+	if ct == "" {
+		ct = "text/event-stream"
+	}
+	w.Header().Set("content-type", ct)
+	for k, v := range u.Header {
+		w.Header().Set(k, v)
+	}
+
+	status := u.Status
+	if status == 0 {
+		status = 200
+	}
+	w.WriteHeader(status)
+	f := w.(http.Flusher)
+	for _, c := range u.Chunks {
+		if _, err := w.Write(c); err != nil {
+			u.cancelled.Add(1)
+			return
+		}
+		f.Flush()
+	}
+	if u.Hang {
+		select {
+		case <-r.Context().Done():
+			u.cancelled.Add(1)
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+func (u *upstream) lastBody() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.bodies) == 0 {
+		return ""
+	}
+	return u.bodies[len(u.bodies)-1]
+}
+
+func (u *upstream) lastHeader() http.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.headers) == 0 {
+		return nil
+	}
+	return u.headers[len(u.headers)-1]
+}
+
+// rig is a tokengate server behind the Envoy stand-in.
+type rig struct {
+	srv      *Server
+	store    *recordingStore
+	counter  *fakeCounter
+	proxy    *standin.Proxy
+	front    *httptest.Server
+	upstream *upstream
+	outcomes chan Outcome
+}
+
+type rigOptions struct {
+	policies      []Policy
+	tokenizer     *tokenizer.Counter // the real counter instead of the fake
+	mode          *filterv3.ProcessingMode
+	routes        []standin.Route
+	chunkSize     int
+	eosOnLast     bool
+	http2         bool
+	upstream      http.Handler // default: the rig's *upstream
+	upURL         string       // overrides the upstream URL (connect failures)
+	maxMsgTimeout time.Duration
+	msgTimeout    time.Duration
+	store         buckets.Store // default: a memory store
+	bufferLimit   int
+	logger        *slog.Logger
+}
+
+func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
+	t.Helper()
+	if u == nil {
+		u = &upstream{}
+	}
+	r := &rig{store: newRecordingStore(o.store), counter: &fakeCounter{input: 10, allowance: 100}, upstream: u, outcomes: make(chan Outcome, 1024)}
+	if o.policies == nil {
+		o.policies = []Policy{{Name: "default", InjectUsage: true, Buckets: []BucketRule{{Name: "global", Limit: buckets.Limit{Capacity: 10000, Rate: 100}}}}}
+	}
+	srv, err := NewServer(Config{
+		Policies: o.policies, DefaultPolicy: o.policies[0].Name,
+		Store: r.store, Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
+		OnFinish: func(oc Outcome) { r.outcomes <- oc },
+		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.srv = srv
+	g := grpc.NewServer()
+	srv.Register(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handler http.Handler = u
+	if o.upstream != nil {
+		handler = o.upstream
+	}
+	up := httptest.NewServer(handler)
+	upURL, _ := url.Parse(up.URL)
+	if o.upURL != "" {
+		upURL, _ = url.Parse(o.upURL)
+	}
+	proxy, err := standin.New(standin.Config{
+		ExtProc: conn, Upstream: upURL, Mode: o.mode, Routes: o.routes,
+		ChunkSize: o.chunkSize, EOSOnLastChunk: o.eosOnLast, MaxMessageTimeout: o.maxMsgTimeout, MessageTimeout: o.msgTimeout, RequestBufferLimit: o.bufferLimit,
+		ReceivingNamespaces: []string{"tokengate"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.proxy = proxy
+	r.front = httptest.NewUnstartedServer(proxy.Handler())
+	if o.http2 {
+		r.front.Config.Protocols = new(http.Protocols)
+		r.front.Config.Protocols.SetHTTP1(true)
+		r.front.Config.Protocols.SetUnencryptedHTTP2(true)
+	}
+	r.front.Start()
+	t.Cleanup(func() {
+		r.front.Close()
+		proxy.Close()
+		up.Close()
+		conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		g.Stop()
+	})
+	return r
+}
+
+// post sends a request through the stand-in and returns the response with
+// its body read.
+func (r *rig) post(t *testing.T, path, body string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", r.front.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := r.front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	return resp, string(b)
+}
+
+// outcome waits for the next finished request.
+func (r *rig) outcome(t *testing.T) Outcome {
+	t.Helper()
+	select {
+	case o := <-r.outcomes:
+		return o
+	case <-time.After(5 * time.Second):
+		t.Fatal("no request finished within 5s")
+		return Outcome{}
+	}
+}
+
+// entry waits for the stand-in's access log entry of the n-th request.
+func (r *rig) entry(t *testing.T, n int) standin.Entry {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	log, err := r.proxy.WaitLog(ctx, n)
+	if err != nil {
+		t.Fatalf("stand-in log: %v", err)
+	}
+	return log[n-1]
+}
+
+func duplexMode() *filterv3.ProcessingMode { return standin.RecommendedMode() }
+
+func streamedMode() *filterv3.ProcessingMode {
+	m := standin.RecommendedMode()
+	m.ResponseBodyMode = filterv3.ProcessingMode_STREAMED
+	m.ResponseTrailerMode = filterv3.ProcessingMode_SKIP
+	return m
+}
+
+// sse joins events into an SSE body.
+func sse(events ...string) []byte {
+	var b strings.Builder
+	for _, e := range events {
+		b.WriteString("data: ")
+		b.WriteString(e)
+		b.WriteString("\n\n")
+	}
+	return []byte(b.String())
+}
+
+// chatChunk is one OpenAI chat completion chunk with a content delta.
+func chatChunk(content string) string {
+	return fmt.Sprintf(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}]}`, content)
+}
+
+func headersOf(kv ...string) *corev3.HeaderMap {
+	hm := &corev3.HeaderMap{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+	}
+	return hm
+}
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
+
+// counterFor returns the fake unless the rig runs on the real tokenizer,
+// which then goes through Config.Counter.
+func counterFor(real *tokenizer.Counter, fake *fakeCounter) tokenCounter {
+	if real != nil {
+		return nil
+	}
+	return fake
+}

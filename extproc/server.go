@@ -1,0 +1,171 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Server is the ext_proc gRPC service. Each Process call (one per HTTP
+// request) runs one processor on the stream's goroutine. A Server is safe for
+// concurrent use; its configuration is immutable after NewServer. Use
+// NewServer; the zero value is not usable.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	cfg      Config
+	policies map[string]*Policy
+	waiting  map[string]*atomic.Int64 // requests waiting per policy (S12)
+	pauses   sync.Map                 // bucket key → time.Time: provider pauses seen here (S18)
+
+	mu      sync.Mutex
+	closing bool
+	open    map[*processor]struct{}
+	wg      sync.WaitGroup
+}
+
+// NewServer validates cfg and returns a Server. The error lists every
+// problem found, each naming its field.
+func NewServer(cfg Config) (*Server, error) {
+	cfg.Policies = append([]Policy(nil), cfg.Policies...)
+	for i := range cfg.Policies {
+		p := &cfg.Policies[i]
+		p.Identities = append([]Identity(nil), p.Identities...)
+		p.Buckets = append([]BucketRule(nil), p.Buckets...)
+		p.Concurrency = append([]ConcurrencyRule(nil), p.Concurrency...)
+	}
+	if err := cfg.normalize(); err != nil {
+		return nil, fmt.Errorf("extproc config: %w", err)
+	}
+	s := &Server{
+		cfg:      cfg,
+		policies: make(map[string]*Policy, len(cfg.Policies)),
+		waiting:  make(map[string]*atomic.Int64, len(cfg.Policies)),
+		open:     map[*processor]struct{}{},
+	}
+	for i := range s.cfg.Policies {
+		p := &s.cfg.Policies[i]
+		s.policies[p.Name] = p
+		s.waiting[p.Name] = new(atomic.Int64)
+	}
+	return s, nil
+}
+
+// Register registers the ExternalProcessor service on g.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+}
+
+// Process serves one HTTP request's ext_proc stream. io.EOF and
+// cancellation from Recv are normal ends. It never ends a stream with OK
+// while the request is still being metered by its own choice: it returns
+// only when Envoy ends the stream.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	p, err := s.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.stop(p)
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		if p.done {
+			continue // after an immediate response or a cut-off, Envoy may still send what was in flight
+		}
+		if err := p.handle(req, stream.Send); err != nil {
+			if status.Code(err) != codes.Unknown {
+				return err
+			}
+			return status.Error(codes.Internal, err.Error())
+		}
+	}
+}
+
+func (s *Server) start(ctx context.Context) (*processor, error) {
+	policy := s.cfg.DefaultPolicy
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(s.cfg.PolicyMetadataKey); len(v) > 0 && v[0] != "" {
+			policy = v[0]
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil, status.Error(codes.Unavailable, "tokengate is shutting down")
+	}
+	p := newProcessor(ctx, s, policy)
+	s.open[p] = struct{}{}
+	s.wg.Add(1)
+	return p, nil
+}
+
+func (s *Server) stop(p *processor) {
+	p.finish()
+	s.mu.Lock()
+	delete(s.open, p)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// Shutdown stops taking new streams and waits for the open ones to end
+// until ctx is done; then it settles every reservation still open (as an
+// aborted request: what was counted so far) and returns ctx's error. Call it
+// before grpc.Server.GracefulStop, and Stop the gRPC server afterwards.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	open := make([]*processor, 0, len(s.open))
+	for p := range s.open {
+		open = append(open, p)
+	}
+	s.mu.Unlock()
+	for _, p := range open {
+		p.abandon()
+	}
+	return ctx.Err()
+}
+
+// pausedUntil returns the latest provider pause this server has seen for
+// any of keys.
+func (s *Server) pausedUntil(keys []string, now time.Time) time.Time {
+	var until time.Time
+	for _, k := range keys {
+		if v, ok := s.pauses.Load(k); ok {
+			if t := v.(time.Time); t.After(until) && t.After(now) {
+				until = t
+			}
+		}
+	}
+	return until
+}
+
+func (s *Server) logger() *slog.Logger { return s.cfg.Logger }

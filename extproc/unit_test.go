@@ -1,0 +1,212 @@
+package extproc
+
+import (
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/tokenizer"
+)
+
+// S16: reset and Retry-After formats.
+func TestFormats(t *testing.T) {
+	for _, tc := range []struct {
+		d           time.Duration
+		reset, wait string
+	}{
+		{0, "0s", "1"},
+		{250 * time.Millisecond, "250ms", "1"},
+		{1500 * time.Microsecond, "2ms", "1"},
+		{12 * time.Second, "12s", "12"},
+		{12*time.Second + time.Millisecond, "13s", "13"},
+		{90 * time.Second, "1m30s", "90"},
+		{2*time.Hour + 5*time.Second, "2h0m5s", "7205"},
+	} {
+		if got := formatReset(tc.d); got != tc.reset {
+			t.Errorf("formatReset(%v) = %q, want %q", tc.d, got, tc.reset)
+		}
+		if got := retryAfter(tc.d); got != tc.wait {
+			t.Errorf("retryAfter(%v) = %q, want %q", tc.d, got, tc.wait)
+		}
+	}
+}
+
+// S9a: keys are escaped so that no identity forges another key, and hashed
+// identities never show the raw value.
+func TestKeys(t *testing.T) {
+	if a, b := bucketKey("p", "user", "a:b"), bucketKey("p", "user:a", "b"); a == b {
+		t.Errorf("keys collide: %q", a)
+	}
+	if got := bucketKey("gold", "user", "alice"); got != "tg:gold:user:alice" {
+		t.Errorf("key %q", got)
+	}
+	v, ok := lookupIdentity(Identity{Name: "k", Header: "authorization", Hash: true}, map[string]string{"authorization": "Bearer sk-secret"}, nil)
+	if !ok || strings.Contains(v, "secret") || !strings.HasPrefix(v, "h.") {
+		t.Errorf("hashed identity %q", v)
+	}
+	md := map[string]*structpb.Struct{"jwt": mustStruct(t, map[string]any{"claims": map[string]any{"sub": "u1", "n": 7.0}})}
+	for path, want := range map[string]string{"claims.sub": "u1", "claims.n": "7", "claims.x": "", "claims": ""} {
+		got, _ := lookupIdentity(Identity{Name: "u", Metadata: "jwt", Path: path}, nil, md)
+		if got != want {
+			t.Errorf("metadata %s = %q, want %q", path, got, want)
+		}
+	}
+}
+
+func mustStruct(t *testing.T, m map[string]any) *structpb.Struct {
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// S1, S23: every configuration problem is reported at once, naming its
+// field.
+func TestConfigErrors(t *testing.T) {
+	_, err := NewServer(Config{
+		DefaultPolicy: "nope",
+		Policies: []Policy{{
+			Name: "p", Anonymous: "maybe",
+			Identities: []Identity{{Name: "k"}, {Name: "model", Header: "x"}},
+			Buckets: []BucketRule{
+				{Name: "a", Per: "ghost", Limit: buckets.Limit{Capacity: 0, Rate: 1}},
+				{Name: "a", Limit: buckets.Limit{Capacity: 10, Rate: -1}, Headroom: 10},
+			},
+			Concurrency:     []ConcurrencyRule{{Name: "c", Max: 0}},
+			MaxOutputTokens: -1,
+		}, {Name: "p"}},
+	})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{
+		"Store: is required", "Counter: is required", "DefaultPolicy: names no policy",
+		"Policies[0].Anonymous", "Policies[0].Identities[0]: one of Header or Metadata",
+		"Policies[0].Identities[1].Name", "Policies[0].Buckets[0].Per", "Policies[0].Buckets[0].Limit.Capacity",
+		"Policies[0].Buckets[1].Name: duplicate", "Policies[0].Buckets[1].Limit.Rate", "Policies[0].Buckets[1].Headroom",
+		"Policies[0].Concurrency[0].Max", "Policies[0].MaxOutputTokens", "Policies[1].Name: duplicate",
+		"Policies[1].Buckets: at least one",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}
+
+// S15 and fallback C: the rewrite sets include_usage, keeps other options,
+// and clamps every output cap, adding one where the body has none.
+func TestRewriteBody(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		api    tokenizer.API
+		body   string
+		inject bool
+		clamp  int
+		want   map[string]any
+	}{
+		{"inject keeps options", tokenizer.ChatCompletions, `{"stream":true,"stream_options":{"x":1}}`, true, 0,
+			map[string]any{"stream": true, "stream_options": map[string]any{"x": 1.0, "include_usage": true}}},
+		{"inject fast path", tokenizer.ChatCompletions, ` {"stream":true}`, true, 0,
+			map[string]any{"stream": true, "stream_options": map[string]any{"include_usage": true}}},
+		{"inject into empty", tokenizer.ChatCompletions, `{ }`, true, 0,
+			map[string]any{"stream_options": map[string]any{"include_usage": true}}},
+		{"clamp both caps", tokenizer.ChatCompletions, `{"max_tokens":500,"max_completion_tokens":20}`, false, 100,
+			map[string]any{"max_tokens": 100.0, "max_completion_tokens": 20.0}},
+		{"clamp adds a cap", tokenizer.ChatCompletions, `{"model":"m"}`, false, 64,
+			map[string]any{"model": "m", "max_completion_tokens": 64.0}},
+		{"responses", tokenizer.Responses, `{"max_output_tokens":900}`, false, 64, map[string]any{"max_output_tokens": 64.0}},
+		{"gemini", tokenizer.Gemini, `{"generationConfig":{"temperature":0.5}}`, false, 64,
+			map[string]any{"generationConfig": map[string]any{"temperature": 0.5, "maxOutputTokens": 64.0}}},
+	} {
+		out, err := rewriteBody(tc.api, []byte(tc.body), tc.inject, tc.clamp)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var got map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+	}
+	if _, err := rewriteBody(tokenizer.ChatCompletions, []byte(`{"stream_options":5}`), true, 0); err == nil {
+		t.Error("stream_options of the wrong type was accepted")
+	}
+}
+
+// The rewrite never produces invalid JSON, and always yields include_usage
+// when asked.
+func FuzzRewriteBody(f *testing.F) {
+	for _, s := range []string{`{}`, `{"stream_options":{"include_usage":false}}`, `{"max_tokens":1e9}`, `{"generationConfig":null}`, `[]`, `{"a":`} {
+		f.Add([]byte(s), true, 10)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, inject bool, clamp int) {
+		for _, api := range []tokenizer.API{tokenizer.ChatCompletions, tokenizer.Gemini} {
+			out, err := rewriteBody(api, body, inject, clamp)
+			if err != nil {
+				continue
+			}
+			var m map[string]json.RawMessage
+			if err := json.Unmarshal(out, &m); err != nil {
+				t.Fatalf("rewrite of %q gave invalid JSON %q: %v", body, out, err)
+			}
+			if inject {
+				var so struct {
+					IncludeUsage bool `json:"include_usage"`
+				}
+				if err := json.Unmarshal(m["stream_options"], &so); err != nil || !so.IncludeUsage {
+					t.Fatalf("rewrite of %q lost include_usage: %q", body, out)
+				}
+			}
+		}
+	})
+}
+
+// Logs carry the request's policy, id and decision, never the prompt or the
+// key (STYLE: no prompts or keys above debug).
+func TestLogsNoSecrets(t *testing.T) {
+	var buf syncBuffer
+	pol := Policy{Name: "p", Identities: []Identity{{Name: "key", Header: "authorization", Hash: true}},
+		Buckets: []BucketRule{{Name: "user", Per: "key", Limit: buckets.Limit{Capacity: 100, Rate: 1}}}}
+	r := newRig(t, nil, rigOptions{policies: []Policy{pol}, logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	r.post(t, chatPath, `{"model":"m","max_tokens":500,"messages":[{"role":"user","content":"my secret prompt"}]}`,
+		map[string]string{"authorization": "Bearer sk-secret-123", "x-request-id": "req-42"})
+	r.outcome(t)
+	logs := buf.String()
+	for _, want := range []string{`"policy":"p"`, `"request_id":"req-42"`, `"decision":"never_admissible"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("logs lack %s:\n%s", want, logs)
+		}
+	}
+	for _, secret := range []string{"sk-secret", "secret prompt"} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("logs show %q:\n%s", secret, logs)
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
