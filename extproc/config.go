@@ -322,11 +322,3 @@ type liveCounter interface {
 	Write(delta string)
 	Tokens() int
 }
-
-// boundedCounter is a liveCounter that also knows a cheap upper bound of
-// Tokens, so a stream well within its budget is not counted exactly after
-// every event.
-type boundedCounter interface {
-	liveCounter
-	Bound() int
-}

@@ -70,7 +70,6 @@ type processor struct {
 	framer     provider.Framer
 	stream     *provider.Stream
 	live       liveCounter
-	bounded    boundedCounter // live, when it offers a bound
 	out        []byte
 	outBuf     *[]byte // the pooled buffer out came from
 	delivered  int     // output tokens forwarded to the client

@@ -36,7 +36,6 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	if p.sse {
 		p.stream = provider.NewStream(p.count.API, p.count.IncludeUsage, p.injected)
 		p.live = p.s.cfg.counter.NewLive(p.count.Encoding)
-		p.bounded, _ = p.live.(boundedCounter)
 	}
 	var set []*corev3.HeaderValueOption
 	if st, ok := mostLimiting(p.states); ok {
@@ -227,21 +226,14 @@ func (p *processor) observe(ev []byte) bool {
 		p.usage, p.usageOK = p.stream.Usage()
 	}
 	if e.Text != "" {
-		if p.bounded != nil && !p.mayExceed(p.bounded.Bound()+len(e.Text)) {
-			// Well within every hard budget: count without the exact
-			// re-count of the word still being written.
-			p.live.Write(e.Text)
-			p.output.Store(int64(p.bounded.Bound()))
-		} else {
-			before := p.live.Tokens()
-			p.live.Write(e.Text)
-			n := p.live.Tokens()
-			p.output.Store(int64(n))
-			if p.overBudget(n) {
-				p.delivered = before
-				p.stream.Withhold() // the client never gets this event
-				return true
-			}
+		before := int(p.output.Load()) // the count after the previous event
+		p.live.Write(e.Text)
+		n := p.live.Tokens()
+		p.output.Store(int64(n))
+		if p.overBudget(n) {
+			p.delivered = before
+			p.stream.Withhold() // the client never gets this event
+			return true
 		}
 	}
 	p.out = append(p.out, e.Forward...)
@@ -256,15 +248,6 @@ func (p *processor) observeAfterCut(ev []byte) {
 	if e.Usage {
 		p.usage, p.usageOK = p.stream.Usage()
 	}
-}
-
-// mayExceed reports whether n output tokens could exceed a hard budget
-// without a store call: the per-request cap or what the hard buckets granted.
-func (p *processor) mayExceed(n int) bool {
-	if m := p.pol.MaxOutputTokens; m > 0 && n > m {
-		return true
-	}
-	return p.hard && n > p.allowance+p.extended
 }
 
 // overBudget reports whether n output tokens exceed a hard budget: the
