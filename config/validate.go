@@ -190,6 +190,7 @@ func (v *validator) validate(c *Config) {
 		}
 		v.validatePolicy(path, p)
 	}
+	v.validateSharedProviders(c)
 	if c.DefaultPolicy == "" {
 		if len(c.Policies) > 1 {
 			v.add("default_policy", "is required when there is more than one policy")
@@ -355,5 +356,32 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 	}
 	if p.PriorityHeader != strings.ToLower(p.PriorityHeader) {
 		v.add(join(path, "priority_header"), "%q must be lower-case", p.PriorityHeader)
+	}
+}
+
+// validateSharedProviders checks that provider buckets of the same name agree
+// across policies: they are one bucket, the organisation's account at the
+// provider, whichever policy a request comes through.
+func (v *validator) validateSharedProviders(c *Config) {
+	type first struct {
+		path string
+		b    Bucket
+	}
+	seen := map[string]first{}
+	for i, p := range c.Policies {
+		for j, b := range p.Buckets {
+			if b.ProviderLimit == nil {
+				continue
+			}
+			path := fmt.Sprintf("policies[%d].buckets[%d]", i, j)
+			f, ok := seen[b.Name]
+			if !ok {
+				seen[b.Name] = first{path, b}
+				continue
+			}
+			if f.b.Per != b.Per || !reflect.DeepEqual(f.b.ProviderLimit, b.ProviderLimit) || f.b.Hard != b.Hard || f.b.MaxDebt != b.MaxDebt {
+				v.add(path, "provider bucket %q is shared by every policy and must match its definition at %s", b.Name, f.path)
+			}
+		}
 	}
 }

@@ -13,7 +13,8 @@ import (
 //
 //	tg:<policy>:<rule>:<identity>
 //
-// where <policy> and <rule> are configuration names and <identity> is the
+// where <policy> and <rule> are configuration names (<policy> is "*" for a
+// provider rule: the provider account is shared by every policy) and <identity> is the
 // identity value (the model name for Per "model", "*" for a global rule,
 // "anonymous" for a missing identity under Anonymous "shared"). Every part is
 // query-escaped, so a ':' inside a value cannot forge another key; an
@@ -22,6 +23,7 @@ import (
 const keyPrefix = "tg:"
 
 const (
+	sharedScope       = "*"
 	globalIdentity    = "*"
 	anonymousIdentity = "anonymous"
 )

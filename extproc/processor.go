@@ -226,13 +226,13 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	req := buckets.Request{ID: p.id + "-" + randomID()[:8], Cost: float64(cost), Priority: p.priority}
 	for _, r := range p.pol.Buckets {
 		req.Buckets = append(req.Buckets, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per), Limit: r.Limit,
+			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
 			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
 		})
 		p.hard = p.hard || r.Hard
 	}
 	for _, r := range p.pol.Concurrency {
-		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per), Max: r.Max, Lease: r.Lease})
+		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
 	}
 	queue := p.s.waiting[p.policy]
 	if p.pol.MaxWait > 0 && (p.pol.MaxQueue == 0 || queue.Load() < int64(p.pol.MaxQueue)) {
@@ -315,23 +315,29 @@ func requestBodyResponse(body []byte, md *structpb.Struct) *extprocv3.Processing
 	}
 }
 
-// key builds the store key of a rule for this request (see keys.go).
-func (p *processor) key(rule, per string) string {
+// key builds the store key of a rule for this request (see keys.go). A
+// provider rule stands for the organisation's account at the provider, which
+// every policy shares, so its key names no policy.
+func (p *processor) key(rule, per string, provider bool) string {
+	scope := p.policy
+	if provider {
+		scope = sharedScope
+	}
 	switch per {
 	case "":
-		return bucketKey(p.policy, rule, globalIdentity)
+		return bucketKey(scope, rule, globalIdentity)
 	case perModel:
 		m := p.count.Model
 		if m == "" {
 			m = "unknown"
 		}
-		return bucketKey(p.policy, rule, m)
+		return bucketKey(scope, rule, m)
 	}
 	v := p.ids[per]
 	if v == "" { // request headers were not sent to the server
 		v = anonymousIdentity
 	}
-	return bucketKey(p.policy, rule, v)
+	return bucketKey(scope, rule, v)
 }
 
 func (p *processor) immediate(r reply, send sendFunc) error {

@@ -710,3 +710,34 @@ func TestScenario05BufferOverflow(t *testing.T) {
 		t.Errorf("outcome %+v, want no decision and nothing reserved", o)
 	}
 }
+
+// A provider bucket stands for the organisation's account at the provider
+// (S10, S19): every policy draws on the same one, so the account's limit
+// holds whichever route a request takes. Other buckets stay per policy.
+func TestProviderBucketSharedAcrossPolicies(t *testing.T) {
+	provider := BucketRule{Name: "provider", Per: "model", Provider: true, Limit: buckets.Limit{Capacity: 200, Rate: 0.001}}
+	own := BucketRule{Name: "own", Limit: buckets.Limit{Capacity: 1000, Rate: 0.001}}
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
+	r := newRig(t, u, rigOptions{
+		policies: []Policy{
+			{Name: "gold", Buckets: []BucketRule{own, provider}},
+			{Name: "silver", Buckets: []BucketRule{own, provider}},
+		},
+		routes: []standin.Route{
+			{Prefix: "/silver/", InitialMetadata: map[string]string{"x-tokengate-policy": "silver"}},
+			{Prefix: "/", InitialMetadata: map[string]string{"x-tokengate-policy": "gold"}},
+		},
+	})
+	body := `{"model":"gpt-4o","max_tokens":110,"messages":[]}` // 120 tokens
+	if resp, _ := r.post(t, chatPath, body, nil); resp.StatusCode != 200 {
+		t.Fatalf("gold: %d, want 200", resp.StatusCode)
+	}
+	resp, got := r.post(t, "/silver"+chatPath, body, nil)
+	if resp.StatusCode != 429 || !strings.Contains(got, `"bucket":"provider"`) {
+		t.Errorf("silver after gold used the shared provider account: %d %s, want 429 on provider", resp.StatusCode, got)
+	}
+	body = `{"model":"gpt-4o-mini","max_tokens":110,"messages":[]}` // another model: another provider bucket
+	if resp, _ := r.post(t, "/silver"+chatPath, body, nil); resp.StatusCode != 200 {
+		t.Errorf("silver on another model: %d, want 200", resp.StatusCode)
+	}
+}
