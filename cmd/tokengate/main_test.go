@@ -153,15 +153,20 @@ policies:
 	}); err != nil {
 		t.Errorf("admitted request: %v", err)
 	}
-	metrics, err := getBody(admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{`tokengate_requests_total{decision="never_admissible",policy="default"} 1`, `tokengate_requests_total{decision="admitted",policy="default"} 1`} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %s", want)
+	// A request's outcome is recorded when its side stream ends, just after
+	// the client has its answer.
+	poll(t, func() error {
+		metrics, err := getBody(admin + "/metrics")
+		if err != nil {
+			return err
 		}
-	}
+		for _, want := range []string{`tokengate_requests_total{decision="never_admissible",policy="default"} 1`, `tokengate_requests_total{decision="admitted",policy="default"} 1`} {
+			if !strings.Contains(metrics, want) {
+				return fmt.Errorf("metrics lack %s", want)
+			}
+		}
+		return nil
+	})
 
 	// Shutdown: health flips to NOT_SERVING first, then serve returns.
 	watch, err := hc.Watch(context.Background(), &healthpb.HealthCheckRequest{Service: ""})

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/extproc"
+)
+
+// The configuration file maps onto the server's policies: rates per second,
+// the provider's safety factor and priority headroom (S19), defaults.
+func TestServerConfigMapping(t *testing.T) {
+	cfg, err := config.Parse("t.yaml", []byte(`
+default_policy: p
+policies:
+  - name: p
+    identities: [{name: key, header: authorization, hash: true}]
+    buckets:
+      - {name: key, per: key, tokens_per_minute: 600, burst: 100, hard: true}
+      - name: provider
+        per: model
+        provider_limit: {tokens_per_minute: 60000, priority_headroom: 0.1}
+    concurrency: [{name: key, per: key, max: 3}]
+    wait: {max_wait: 2s, max_queue: 5}
+    max_output_tokens: 500
+    clamp_output: true
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := serverConfig(cfg, buckets.NewMemory(buckets.MemoryOptions{}), nil, slog.New(slog.DiscardHandler))
+	want := []extproc.Policy{{
+		Name:        "p",
+		Identities:  []extproc.Identity{{Name: "key", Header: "authorization", Hash: true}},
+		Anonymous:   "shared",
+		Buckets: []extproc.BucketRule{
+			{Name: "key", Per: "key", Limit: buckets.Limit{Capacity: 100, Rate: 10}, Hard: true},
+			{Name: "provider", Per: "model", Limit: buckets.Limit{Capacity: 54000, Rate: 900}, Headroom: 5400, Provider: true},
+		},
+		Concurrency:     []extproc.ConcurrencyRule{{Name: "key", Per: "key", Max: 3, Lease: 10 * time.Minute}},
+		MaxWait:         2 * time.Second,
+		MaxQueue:        5,
+		MaxOutputTokens: 500,
+		ClampOutput:     true,
+		InjectUsage:     true,
+	}}
+	if d := cmp.Diff(want, sc.Policies, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); d != "" {
+		t.Errorf("policies (-want +got):\n%s", d)
+	}
+	if sc.DefaultPolicy != "p" || sc.PolicyMetadataKey != "x-tokengate-policy" || sc.Namespace != "tokengate" {
+		t.Errorf("server config = %q %q %q", sc.DefaultPolicy, sc.PolicyMetadataKey, sc.Namespace)
+	}
+}
