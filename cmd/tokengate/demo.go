@@ -17,6 +17,7 @@ import (
 
 	"github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
+	"github.com/openai/openai-go/packages/ssestream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -264,28 +265,8 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 
 	// 2. A stream, counted live, with usage injected upstream and hidden.
 	step(2, "alice streams an answer (max_tokens 120): output is counted live as it passes")
-	stream := client("alice").Chat.Completions.NewStreaming(ctx, ask("Tell me a story.", 120))
-	n, finish, sawUsage := 0, "", false
-	fmt.Fprint(w, "   streaming ")
-	for stream.Next() {
-		ch := stream.Current()
-		if ch.Usage.TotalTokens > 0 {
-			sawUsage = true
-		}
-		for _, choice := range ch.Choices {
-			if choice.Delta.Content != "" {
-				n++
-				if n%10 == 0 {
-					fmt.Fprint(w, "▮")
-				}
-			}
-			if choice.FinishReason != "" {
-				finish = choice.FinishReason
-			}
-		}
-	}
-	fmt.Fprintln(w)
-	if err := stream.Err(); err != nil {
+	n, finish, sawUsage, err := streamWithProgress(w, client("alice").Chat.Completions.NewStreaming(ctx, ask("Tell me a story.", 120)))
+	if err != nil {
 		return fmt.Errorf("step 2: %w", err)
 	}
 	o, err = env.nextOutcome(ctx)
@@ -345,24 +326,8 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	// 5. Cut-off at a hard budget.
 	step(5, "dave streams on the \"capped\" route (80 output tokens per request) but asks for 300")
 	capped := client("dave", option.WithBaseURL(env.base+"/capped/v1/"))
-	stream = capped.Chat.Completions.NewStreaming(ctx, ask("Write a long poem.", 300))
-	n, finish = 0, ""
-	fmt.Fprint(w, "   streaming ")
-	for stream.Next() {
-		for _, choice := range stream.Current().Choices {
-			if choice.Delta.Content != "" {
-				n++
-				if n%10 == 0 {
-					fmt.Fprint(w, "▮")
-				}
-			}
-			if choice.FinishReason != "" {
-				finish = choice.FinishReason
-			}
-		}
-	}
-	fmt.Fprintln(w)
-	if err := stream.Err(); err != nil {
+	n, finish, _, err = streamWithProgress(w, capped.Chat.Completions.NewStreaming(ctx, ask("Write a long poem.", 300)))
+	if err != nil {
 		return fmt.Errorf("step 5: the SDK saw an unclean end: %w", err)
 	}
 	o, err = env.nextOutcome(ctx)
@@ -413,6 +378,31 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 
 	fmt.Fprintln(w, "\nDone. Run `tokengate demo --serve` to try it with curl or an SDK.")
 	return nil
+}
+
+// streamWithProgress reads a chat stream as the SDK delivers it, printing a
+// mark every ten content chunks.
+func streamWithProgress(w io.Writer, stream *ssestream.Stream[openai.ChatCompletionChunk]) (chunks int, finish string, sawUsage bool, err error) {
+	fmt.Fprint(w, "   streaming ")
+	defer fmt.Fprintln(w)
+	for stream.Next() {
+		ch := stream.Current()
+		if ch.Usage.TotalTokens > 0 {
+			sawUsage = true
+		}
+		for _, choice := range ch.Choices {
+			if choice.Delta.Content != "" {
+				chunks++
+				if chunks%10 == 0 {
+					fmt.Fprint(w, "▮")
+				}
+			}
+			if choice.FinishReason != "" {
+				finish = choice.FinishReason
+			}
+		}
+	}
+	return chunks, finish, sawUsage, stream.Err()
 }
 
 func drainOutcomes(env *demoEnv) {

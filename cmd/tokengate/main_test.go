@@ -32,7 +32,7 @@ func TestDemo(t *testing.T) {
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := run(ctx, []string{"demo", "--token-delay", "0s"}, nil, &out, &errOut); err != nil {
+	if err := run(ctx, []string{"demo", "--token-delay", "2ms"}, nil, &out, &errOut); err != nil {
 		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
 	}
 	for _, want := range []string{"HTTP 429", "Retry-After: ", "HTTP 413", `finish_reason "length"`, "the upstream was cancelled: true", "admitted again"} {
