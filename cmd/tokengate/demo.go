@@ -165,6 +165,18 @@ func startDemo(opts demoOptions) (*demoEnv, error) {
 	return env, nil
 }
 
+// lastUpstream waits until the mock LLM has finished its n-th request and
+// returns that request's record.
+func (e *demoEnv) lastUpstream(ctx context.Context, n int) (mockllm.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	recs, err := e.mock.WaitRequests(ctx, n)
+	if err != nil {
+		return mockllm.Record{}, fmt.Errorf("the mock LLM did not finish request %d: %w", n, err)
+	}
+	return recs[n-1], nil
+}
+
 // nextOutcome waits for the next settled request.
 func (e *demoEnv) nextOutcome(ctx context.Context) (extproc.Outcome, error) {
 	select {
@@ -265,6 +277,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 
 	// 2. A stream, counted live, with usage injected upstream and hidden.
 	step(2, "alice streams an answer (max_tokens 120): output is counted live as it passes")
+	upstreamSeen := len(env.mock.Requests())
 	n, finish, sawUsage, err := streamWithProgress(w, client("alice").Chat.Completions.NewStreaming(ctx, ask("Tell me a story.", 120)))
 	if err != nil {
 		return fmt.Errorf("step 2: %w", err)
@@ -273,8 +286,10 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	recs := env.mock.Requests()
-	last := recs[len(recs)-1]
+	last, err := env.lastUpstream(ctx, upstreamSeen+1)
+	if err != nil {
+		return err
+	}
 	say("%d chunks with content, finish_reason %q", n, finish)
 	say("tokengate asked the upstream for usage (include_usage=%v) and the client, which did not ask, saw a usage chunk: %v", last.IncludeUsage, sawUsage)
 	say("settled %d tokens from the provider's usage (reserved %d, counted live %d output)", o.Settled, o.Reserved, o.Output)
@@ -326,6 +341,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	// 5. Cut-off at a hard budget.
 	step(5, "dave streams on the \"capped\" route (80 output tokens per request) but asks for 300")
 	capped := client("dave", option.WithBaseURL(env.base+"/capped/v1/"))
+	upstreamSeen = len(env.mock.Requests())
 	n, finish, _, err = streamWithProgress(w, capped.Chat.Completions.NewStreaming(ctx, ask("Write a long poem.", 300)))
 	if err != nil {
 		return fmt.Errorf("step 5: the SDK saw an unclean end: %w", err)
@@ -334,8 +350,9 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	recs = env.mock.Requests()
-	last = recs[len(recs)-1]
+	if last, err = env.lastUpstream(ctx, upstreamSeen+1); err != nil {
+		return err
+	}
 	say("the stream ended cleanly for the SDK after %d content chunks with finish_reason %q", n, finish)
 	say("the upstream was cancelled: %v (it had sent %d of %d planned tokens)", last.Cancelled, last.TokensSent, last.TokensPlanned)
 	say("settled %d tokens for what was delivered (%s)", o.Settled, o.SettleOutcome)
