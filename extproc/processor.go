@@ -234,13 +234,33 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	for _, r := range p.pol.Concurrency {
 		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
 	}
+	// A request that may wait takes a place in the policy's queue before it
+	// asks the store, so MaxQueue is exact however many decide at once; the
+	// place is given back as soon as it is clear the request does not wait.
 	queue := p.s.waiting[p.policy]
-	if p.pol.MaxWait > 0 && (p.pol.MaxQueue == 0 || queue.Load() < int64(p.pol.MaxQueue)) {
-		// Concurrent checks may let a few more wait than MaxQueue; the
-		// bound holds up to the number of decisions in the same instant.
-		req.MaxWait = p.pol.MaxWait
+	holdsPlace := false
+	if p.pol.MaxWait > 0 {
+		switch {
+		case p.pol.MaxQueue == 0:
+			req.MaxWait = p.pol.MaxWait
+		case queue.Add(1) <= int64(p.pol.MaxQueue):
+			holdsPlace = true
+			req.MaxWait = p.pol.MaxWait
+		default:
+			queue.Add(-1)
+		}
 	}
+	leaveQueue := func() {
+		if holdsPlace {
+			holdsPlace = false
+			queue.Add(-1)
+		}
+	}
+	defer leaveQueue()
 	d, err := p.s.cfg.Store.Reserve(p.ctx, req)
+	if d.Wait == 0 || !d.OK {
+		leaveQueue()
+	}
 	if err != nil {
 		p.decision = "store_error"
 		p.logAt(slog.LevelError, "bucket store unavailable", "err", err)
@@ -264,8 +284,6 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	p.settleMu.Unlock()
 	p.decision = "admitted"
 	if d.Wait > 0 {
-		queue.Add(1)
-		defer queue.Add(-1)
 		p.waited = d.Wait
 		// Envoy's per-message timer (200 ms by default) would answer 504
 		// while the request waits: extend it, in a message of its own. It
