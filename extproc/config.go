@@ -67,6 +67,16 @@ type Outcome struct {
 	CutOff        bool
 	Status        int  // upstream HTTP status, 0 when none was seen
 	Usage         bool // the provider reported usage
+	// AllowanceSource says where the output allowance came from: request,
+	// history or default (S7); empty when the body was not counted.
+	AllowanceSource string
+	// FallbackEncoding is true when the model was unknown and counted with
+	// the configured fallback encoding.
+	FallbackEncoding bool
+	// Waited is how long the request was held for its tokens (S12).
+	Waited time.Duration
+	// InDebt names the buckets that settlement left below zero (S9).
+	InDebt []string
 }
 
 // Policy is one named set of limits: how identities are found, the chain of

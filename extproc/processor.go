@@ -61,6 +61,7 @@ type processor struct {
 	states    []buckets.BucketState
 	decision  string // admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
 	waited    time.Duration
+	inDebt    []string // buckets settlement left below zero; written under settleMu
 
 	// response
 	status     int

@@ -471,8 +471,15 @@ func (p *processor) settle() {
 func (p *processor) settleStore(actual int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
 	defer cancel()
-	if _, err := p.s.cfg.Store.Settle(ctx, p.res, float64(actual)); err != nil {
+	states, err := p.s.cfg.Store.Settle(ctx, p.res, float64(actual))
+	if err != nil {
 		p.logAt(slog.LevelError, "settlement failed", "reserved", p.reservedTokens(), "actual", actual, "err", err)
+		return
+	}
+	for _, st := range states {
+		if st.Remaining < 0 {
+			p.inDebt = append(p.inDebt, st.Name)
+		}
 	}
 }
 
@@ -496,7 +503,7 @@ func (p *processor) finish() {
 	p.releaseOut()
 	p.settle()
 	p.settleMu.Lock()
-	actual, outcome, settled := p.actual, p.outcome, p.settled
+	actual, outcome, settled, inDebt := p.actual, p.outcome, p.settled, p.inDebt
 	p.settleMu.Unlock()
 	level := slog.LevelInfo
 	if p.decision == "admitted" && outcome == "complete" || p.decision == "unmetered" {
@@ -524,6 +531,8 @@ func (p *processor) finish() {
 			InputTokens: p.count.InputTokens, Reserved: p.reservedTokens(),
 			Output: int(p.output.Load()), Settled: actual, SettleOutcome: outcome,
 			CutOff: p.cut, Status: p.status, Usage: p.usageOK,
+			AllowanceSource: string(p.count.AllowanceSource), FallbackEncoding: p.count.Fallback,
+			Waited: p.waited, InDebt: inDebt,
 		})
 	}
 }

@@ -741,3 +741,22 @@ func TestProviderBucketSharedAcrossPolicies(t *testing.T) {
 		t.Errorf("silver on another model: %d, want 200", resp.StatusCode)
 	}
 }
+
+// S9: an under-estimate is debited below zero at settlement, and the outcome
+// names the bucket left in debt (for metrics) and the allowance's source.
+func TestSettlementIntoDebtReported(t *testing.T) {
+	u := &upstream{Chunks: [][]byte{streamOf(words(60)...)}}
+	pol := Policy{Name: "p", Buckets: []BucketRule{
+		{Name: "soft", Limit: buckets.Limit{Capacity: 50, Rate: 0.001}},
+		{Name: "roomy", Limit: buckets.Limit{Capacity: 10000, Rate: 1}},
+	}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}})
+	r.post(t, chatPath, `{"model":"m","stream":true,"max_tokens":5,"messages":[]}`, nil)
+	o := r.outcome(t)
+	if o.Settled != 70 || o.AllowanceSource != "request" {
+		t.Errorf("outcome %+v, want 70 settled (10 input + 60 output) and the request's own cap", o)
+	}
+	if d := cmp.Diff([]string{"soft"}, o.InDebt); d != "" {
+		t.Errorf("buckets in debt (-want +got):\n%s", d)
+	}
+}

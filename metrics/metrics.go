@@ -32,6 +32,10 @@ type Metrics struct {
 	storeErrors   *prometheus.CounterVec
 	fallback      *prometheus.CounterVec
 	storeUp       prometheus.Gauge
+	allowance     *prometheus.CounterVec
+	fallbackEnc   *prometheus.CounterVec
+	waits         *prometheus.HistogramVec
+	debt          *prometheus.CounterVec
 }
 
 // New registers tokengate's collectors on reg.
@@ -79,9 +83,26 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tokengate_store_up",
 			Help: "1 while the bucket store answers, 0 during an outage.",
 		}),
+		allowance: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_output_allowance_source_total",
+			Help: "Where admitted requests' output allowance came from: request (its own cap), history (learned estimate) or default (S7).",
+		}, []string{"policy", "source"}),
+		fallbackEnc: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_unknown_model_total",
+			Help: "Requests for a model no rule knows, counted with the configured fallback encoding.",
+		}, []string{"policy"}),
+		waits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tokengate_wait_seconds",
+			Help:    "How long admitted requests were held for their tokens (S12); only requests that waited.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"policy"}),
+		debt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_debt_settlements_total",
+			Help: "Settlements that left a bucket below zero (an under-estimate, S9), by bucket.",
+		}, []string{"policy", "bucket"}),
 	}
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
-		m.storeLatency, m.storeErrors, m.fallback, m.storeUp)
+		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt)
 	m.storeUp.Set(1)
 	return m
 }
@@ -92,8 +113,20 @@ func (m *Metrics) Finish(o extproc.Outcome) {
 		return
 	}
 	m.requests.WithLabelValues(o.Policy, o.Decision).Inc()
+	if o.FallbackEncoding {
+		m.fallbackEnc.WithLabelValues(o.Policy).Inc()
+	}
 	if o.Reserved == 0 && o.Settled == 0 {
 		return
+	}
+	if o.AllowanceSource != "" {
+		m.allowance.WithLabelValues(o.Policy, o.AllowanceSource).Inc()
+	}
+	if o.Waited > 0 {
+		m.waits.WithLabelValues(o.Policy).Observe(o.Waited.Seconds())
+	}
+	for _, b := range o.InDebt {
+		m.debt.WithLabelValues(o.Policy, b).Inc()
 	}
 	fam := Family(o.Model)
 	m.reserved.WithLabelValues(o.Policy, fam).Add(float64(o.Reserved))

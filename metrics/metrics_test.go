@@ -3,6 +3,7 @@ package metrics
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -14,7 +15,8 @@ func TestFinish(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.Finish(extproc.Outcome{Policy: "default", Decision: "admitted", Model: "gpt-4o-mini-2024-07-18", Reserved: 200, Settled: 50, SettleOutcome: "complete"})
-	m.Finish(extproc.Outcome{Policy: "default", Decision: "admitted", Model: "claude-3-5-haiku", Reserved: 100, Settled: 100, SettleOutcome: "cut_off", CutOff: true})
+	m.Finish(extproc.Outcome{Policy: "default", Decision: "admitted", Model: "claude-3-5-haiku", Reserved: 100, Settled: 100, SettleOutcome: "cut_off", CutOff: true,
+		AllowanceSource: "history", FallbackEncoding: true, Waited: 300 * time.Millisecond, InDebt: []string{"user"}})
 	m.Finish(extproc.Outcome{Policy: "default", Decision: "refused_tokens", Model: "gpt-4o"})
 
 	want := `
@@ -29,9 +31,22 @@ tokengate_tokens_settled_total{model_family="gpt-4o",policy="default"} 50
 # HELP tokengate_cutoffs_total Streams cut off at a hard budget (S14).
 # TYPE tokengate_cutoffs_total counter
 tokengate_cutoffs_total{policy="default"} 1
+# HELP tokengate_output_allowance_source_total Where admitted requests' output allowance came from: request (its own cap), history (learned estimate) or default (S7).
+# TYPE tokengate_output_allowance_source_total counter
+tokengate_output_allowance_source_total{policy="default",source="history"} 1
+# HELP tokengate_unknown_model_total Requests for a model no rule knows, counted with the configured fallback encoding.
+# TYPE tokengate_unknown_model_total counter
+tokengate_unknown_model_total{policy="default"} 1
+# HELP tokengate_debt_settlements_total Settlements that left a bucket below zero (an under-estimate, S9), by bucket.
+# TYPE tokengate_debt_settlements_total counter
+tokengate_debt_settlements_total{bucket="user",policy="default"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_requests_total", "tokengate_tokens_settled_total", "tokengate_cutoffs_total"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_requests_total", "tokengate_tokens_settled_total", "tokengate_cutoffs_total",
+		"tokengate_output_allowance_source_total", "tokengate_unknown_model_total", "tokengate_debt_settlements_total"); err != nil {
 		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.waits); n != 1 {
+		t.Errorf("wait series = %d, want 1", n)
 	}
 	if n := testutil.CollectAndCount(m.estimateError); n != 1 {
 		t.Errorf("estimate error series = %d, want 1", n)
