@@ -104,7 +104,19 @@ type recordingStore struct {
 	extended float64
 	errs     []error
 	paused   map[string]time.Time
+	renewals int
 	fail     atomic.Bool
+}
+
+// Renew implements buckets.Renewer when the inner store does, counting calls.
+func (s *recordingStore) Renew(ctx context.Context, r *buckets.Reservation) error {
+	s.mu.Lock()
+	s.renewals++
+	s.mu.Unlock()
+	if rn, ok := s.inner.(buckets.Renewer); ok {
+		return rn.Renew(ctx, r)
+	}
+	return nil
 }
 
 var _ buckets.Store = (*recordingStore)(nil)
@@ -279,6 +291,7 @@ type rigOptions struct {
 	store         buckets.Store // default: a memory store
 	bufferLimit   int
 	logger        *slog.Logger
+	now           func() time.Time // the server's clock; default time.Now
 }
 
 func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
@@ -295,6 +308,7 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		Store: r.store, Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
 		OnFinish: func(oc Outcome) { r.outcomes <- oc },
 		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
+		Now:      o.now,
 	})
 	if err != nil {
 		t.Fatal(err)

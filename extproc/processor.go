@@ -61,7 +61,9 @@ type processor struct {
 	states    []buckets.BucketState
 	decision  string // admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
 	waited    time.Duration
-	inDebt    []string // buckets settlement left below zero; written under settleMu
+	inDebt    []string      // buckets settlement left below zero; written under settleMu
+	renewAt   time.Time     // when the concurrency slots are renewed next
+	renewIn   time.Duration // half the shortest slot lease; 0 without slots
 
 	// response
 	status     int
@@ -284,6 +286,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	p.res = d.Reservation
 	p.settleMu.Unlock()
 	p.decision = "admitted"
+	p.scheduleRenewal()
 	if d.Wait > 0 {
 		p.waited = d.Wait
 		// Envoy's per-message timer (200 ms by default) would answer 504

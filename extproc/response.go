@@ -14,6 +14,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
 )
 
@@ -121,6 +122,7 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	chunk, eos := b.GetBody(), b.GetEndOfStream()
 	p.answers++
+	p.renewSlots()
 	if !p.sse {
 		if p.res != nil && !p.eosSeen && len(p.respBody)+len(chunk) <= p.s.cfg.MaxBodyBytes {
 			p.respBody = append(p.respBody, chunk...)
@@ -534,5 +536,39 @@ func (p *processor) finish() {
 			AllowanceSource: string(p.count.AllowanceSource), FallbackEncoding: p.count.Fallback,
 			Waited: p.waited, InDebt: inDebt,
 		})
+	}
+}
+
+// scheduleRenewal plans the renewal of the request's concurrency slots: a
+// response that runs longer than a slot's lease must keep its slot, or the
+// limit would admit more requests than it allows (S11).
+func (p *processor) scheduleRenewal() {
+	for _, sl := range p.res.Slots {
+		if half := sl.LeaseOrDefault() / 2; p.renewIn == 0 || half < p.renewIn {
+			p.renewIn = half
+		}
+	}
+	p.renewAt = p.s.cfg.Now().Add(p.renewIn)
+}
+
+// renewSlots renews the slots once half a lease has passed since admission
+// or the last renewal; between renewals it costs a clock read per chunk.
+func (p *processor) renewSlots() {
+	if p.renewIn == 0 || p.res == nil {
+		return
+	}
+	now := p.s.cfg.Now()
+	if now.Before(p.renewAt) {
+		return
+	}
+	p.renewAt = now.Add(p.renewIn)
+	r, ok := p.s.cfg.Store.(buckets.Renewer)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+	defer cancel()
+	if err := r.Renew(ctx, p.res); err != nil {
+		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease", "err", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -758,5 +759,39 @@ func TestSettlementIntoDebtReported(t *testing.T) {
 	}
 	if d := cmp.Diff([]string{"soft"}, o.InDebt); d != "" {
 		t.Errorf("buckets in debt (-want +got):\n%s", d)
+	}
+}
+
+// S11: a response that runs longer than its concurrency slot's lease renews
+// the slot, once per half lease, so the limit keeps counting it.
+func TestLongStreamRenewsSlots(t *testing.T) {
+	var ticks atomic.Int64 // every clock read moves time on by 40 s, past half the lease
+	start := time.Unix(1_000_000, 0)
+	now := func() time.Time { return start.Add(time.Duration(ticks.Add(1)) * 40 * time.Second) }
+	events := words(40)
+	chunks := make([][]byte, len(events))
+	for i, e := range events {
+		chunks[i] = sse(e)
+	}
+	u := &upstream{Chunks: chunks}
+	pol := Policy{Name: "p",
+		Buckets:     []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 10000, Rate: 1}}},
+		Concurrency: []ConcurrencyRule{{Name: "c", Max: 1, Lease: time.Minute}}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, now: now})
+	r.post(t, chatPath, `{"model":"m","stream":true,"max_tokens":100,"messages":[]}`, nil)
+	r.outcome(t)
+	r.store.mu.Lock()
+	got := r.store.renewals
+	r.store.mu.Unlock()
+	if got == 0 {
+		t.Error("a stream far longer than its slot lease never renewed the slot")
+	}
+	pol.Concurrency = nil
+	u2 := &upstream{Chunks: chunks}
+	r2 := newRig(t, u2, rigOptions{policies: []Policy{pol}, now: now})
+	r2.post(t, chatPath, `{"model":"m","stream":true,"max_tokens":100,"messages":[]}`, nil)
+	r2.outcome(t)
+	if r2.store.renewals != 0 {
+		t.Errorf("a request without slots renewed %d times", r2.store.renewals)
 	}
 }

@@ -226,3 +226,15 @@ func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) er
 	s.observe("pause", start, err)
 	return err
 }
+
+// Renew implements buckets.Renewer when the wrapped store does.
+func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
+	rn, ok := s.Store.(buckets.Renewer)
+	if !ok {
+		return nil
+	}
+	start := time.Now()
+	err := rn.Renew(ctx, r)
+	s.observe("renew", start, err)
+	return err
+}

@@ -224,3 +224,23 @@ func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) er
 	}
 	return err
 }
+
+// Renew implements buckets.Renewer: slots of reservations taken locally
+// renew locally, the others on the primary when it is reachable.
+func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
+	if _, ok := s.fallbackIDs.Load(r.ID); ok {
+		return s.local.Renew(ctx, r)
+	}
+	rn, ok := s.primary.(buckets.Renewer)
+	if !ok {
+		return nil
+	}
+	if s.skipPrimary() {
+		return buckets.ErrStore
+	}
+	err := rn.Renew(ctx, r)
+	if !s.failed(err) && err == nil {
+		s.succeeded()
+	}
+	return err
+}
