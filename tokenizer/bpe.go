@@ -46,9 +46,10 @@ type worker struct {
 	cache [numVocabs]*pieceCache
 	// work counts BPE merge steps and rank look-ups, for the linearity test.
 	work int
-	// scratch for long pieces
+	// scratch for long and non-ASCII pieces
 	next, prev []int32
 	tree       []uint64
+	starts     []int32
 	// recent holds recent short look-ups (hits and misses) per vocabulary:
 	// merges of similar pieces repeat the same look-ups, and this small
 	// table stays in the CPU cache where the vocabulary's does not.
@@ -67,12 +68,15 @@ func (v *vocab) mergeRank(w *worker, s string) int32 {
 	if len(s) > shortMax {
 		return v.rank(s)
 	}
+	k := packShort(s)
+	if !v.mayBeShort(k) {
+		return noRank
+	}
 	rc := w.recent[v.id]
 	if rc == nil {
 		rc = new(recentRanks)
 		w.recent[v.id] = rc
 	}
-	k := packShort(s)
 	i := (k * 0x9E3779B97F4A7C15) >> (64 - recentBits)
 	if rc.keys[i] == k {
 		return rc.ranks[i]
@@ -89,10 +93,16 @@ func newWorker() *worker {
 // rank returns the rank of s, or noRank.
 func (v *vocab) rank(s string) int32 {
 	if len(s) <= shortMax {
-		return v.getShort(packShort(s))
+		if k := packShort(s); v.mayBeShort(k) {
+			return v.getShort(k)
+		}
+		return noRank
 	}
 	if len(s) <= midMax {
-		return v.getMid(packMid(s))
+		if k := packMid(s); v.mayBeMid(k) {
+			return v.getMid(k)
+		}
+		return noRank
 	}
 	if r, ok := v.ranks[s]; ok {
 		return r
@@ -128,8 +138,14 @@ func sanitize(s string) string {
 }
 
 func (v *vocab) countPiece(w *worker, p string) int {
-	if len(p) == 1 {
+	switch len(p) {
+	case 1:
 		return 1
+	case 2:
+		if v.pair[int(p[0])<<8|int(p[1])] != noRank {
+			return 1
+		}
+		return 2
 	}
 	w.work++
 	if v.rank(p) != noRank {
@@ -147,12 +163,7 @@ func (v *vocab) countPiece(w *worker, p string) int {
 			return int(slot.count)
 		}
 	}
-	var n int
-	if len(p) <= smallPiece {
-		n = v.mergeSmall(w, p, nil)
-	} else {
-		n = v.mergeLarge(w, p, nil)
-	}
+	n := v.merge(w, p, nil)
 	if slot != nil {
 		slot.n, slot.count = uint8(len(p)), uint8(n)
 		copy(slot.key[:], p)
@@ -165,35 +176,82 @@ func (v *vocab) encodePiece(w *worker, p string, dst []int) []int {
 	if r, ok := v.ranks[p]; ok {
 		return append(dst, int(r))
 	}
-	if len(p) <= smallPiece {
-		v.mergeSmall(w, p, &dst)
-	} else {
-		v.mergeLarge(w, p, &dst)
-	}
+	v.merge(w, p, &dst)
 	return dst
 }
 
-// mergeSmall is tiktoken's byte-pair merge on a short piece: repeatedly merge
-// the adjacent pair of lowest rank (leftmost on ties). It returns the number
-// of tokens and, when out is not nil, appends them.
-func (v *vocab) mergeSmall(w *worker, p string, out *[]int) int {
-	var startBuf [smallPiece + 1]int32
-	var rankBuf [smallPiece]int32
-	n := len(p)
-	starts := startBuf[:n+1]
-	ranks := rankBuf[:n] // ranks[i]: rank of parts i and i+1 merged
-	for i := range n + 1 {
-		starts[i] = int32(i)
-	}
-	for i := 0; i < n-1; i++ {
-		ranks[i] = v.pair[int(p[i])<<8|int(p[i+1])]
-		if ranks[i] < 0 {
-			ranks[i] = noRank
+// scanParts is the most parts merged with the quadratic scan when a piece
+// starts from whole characters (see premerge.go).
+const scanParts = 64
+
+// merge is tiktoken's byte-pair merge of p: repeatedly merge the adjacent
+// pair of parts of lowest rank (leftmost on ties). It returns the number of
+// tokens and, when out is not nil, appends them. Short pieces are merged
+// with a scan, long ones with a tournament tree; characters that are one
+// token start as one part when that provably changes nothing (premerge.go).
+func (v *vocab) merge(w *worker, p string, out *[]int) int {
+	ascii := true
+	for i := 0; i < len(p); i++ {
+		if p[i] >= 0x80 {
+			ascii = false
+			break
 		}
 	}
-	ranks[n-1] = noRank
-	w.work += n
-	parts := n
+	if !ascii {
+		if cap(w.starts) < len(p)+1 {
+			w.starts = make([]int32, 0, len(p)+1)
+		}
+		starts, whole := v.partStarts(p, w.starts)
+		if whole {
+			if len(starts)-1 <= scanParts {
+				return v.mergeScan(w, p, starts, out)
+			}
+			return v.mergeLarge(w, p, starts, out)
+		}
+	}
+	if len(p) <= smallPiece {
+		var startBuf [smallPiece + 1]int32
+		var rankBuf [smallPiece]int32
+		n := len(p)
+		starts, ranks := startBuf[:n+1], rankBuf[:n]
+		for i := range n - 1 {
+			starts[i] = int32(i)
+			ranks[i] = v.pair[int(p[i])<<8|int(p[i+1])]
+		}
+		starts[n-1], starts[n] = int32(n-1), int32(n)
+		ranks[n-1] = noRank
+		return v.scan(w, p, starts, ranks, out)
+	}
+	return v.mergeLarge(w, p, nil, out)
+}
+
+// joinRank returns the rank of p[a:b], the join of two adjacent parts.
+func (v *vocab) joinRank(w *worker, p string, a, b int32) int32 {
+	if b-a == 2 {
+		return v.pair[int(p[a])<<8|int(p[a+1])]
+	}
+	return v.mergeRank(w, p[a:b])
+}
+
+// mergeScan merges the parts of p that start at starts (parts+1
+// boundaries, at most scanParts parts; overwritten) by finding the lowest
+// rank with a scan at every step.
+func (v *vocab) mergeScan(w *worker, p string, starts []int32, out *[]int) int {
+	var rankBuf [scanParts]int32
+	parts := len(starts) - 1
+	ranks := rankBuf[:parts]
+	for i := 0; i < parts-1; i++ {
+		ranks[i] = v.joinRank(w, p, starts[i], starts[i+2])
+	}
+	ranks[parts-1] = noRank
+	return v.scan(w, p, starts, ranks, out)
+}
+
+// scan is the merge loop of mergeScan: ranks[i] is the rank of parts i and
+// i+1 merged (noRank for the last part).
+func (v *vocab) scan(w *worker, p string, starts, ranks []int32, out *[]int) int {
+	parts := len(ranks)
+	w.work += parts
 	for parts > 1 {
 		minR, mi := int32(noRank), -1
 		for i := 0; i < parts-1; i++ {
@@ -227,13 +285,14 @@ func (v *vocab) mergeSmall(w *worker, p string, out *[]int) int {
 	return parts
 }
 
-// mergeLarge gives the same result as mergeSmall in O(n log n): parts form a
+// mergeLarge gives the same result as mergeScan in O(n log n): parts form a
 // linked list over byte offsets, and a tournament tree over the positions
 // holds, for each part, the candidate merge with its right neighbour keyed
 // by (rank, position), so the root is the merge tiktoken would pick: lowest
 // rank, leftmost on ties. A merge updates three leaves; there are fewer
-// than n merges.
-func (v *vocab) mergeLarge(w *worker, p string, out *[]int) int {
+// than n merges. starts lists the initial part boundaries; nil means one
+// part per byte.
+func (v *vocab) mergeLarge(w *worker, p string, starts []int32, out *[]int) int {
 	const none = math.MaxUint64
 	n := len(p)
 	size := 1
@@ -254,36 +313,51 @@ func (v *vocab) mergeLarge(w *worker, p string, out *[]int) int {
 		}
 		return uint64(r)<<32 | uint64(pos)
 	}
-	for i := range n {
-		next[i] = int32(i + 1)
-		prev[i] = int32(i - 1)
-	}
 	leaves := tree[size:]
 	for i := range leaves {
 		leaves[i] = none
 	}
-	for i := 0; i < n-1; i++ {
-		if r := v.pair[int(p[i])<<8|int(p[i+1])]; r >= 0 {
-			leaves[i] = uint64(r)<<32 | uint64(i)
+	parts := n
+	if starts == nil {
+		for i := range n {
+			next[i] = int32(i + 1)
+			prev[i] = int32(i - 1)
+		}
+		for i := 0; i < n-1; i++ {
+			if r := v.pair[int(p[i])<<8|int(p[i+1])]; r != noRank {
+				leaves[i] = uint64(r)<<32 | uint64(i)
+			}
+		}
+	} else {
+		parts = len(starts) - 1
+		prevStart := int32(-1)
+		for j := range parts {
+			s := starts[j]
+			next[s], prev[s] = starts[j+1], prevStart
+			prevStart = s
+			if j+1 < parts {
+				leaves[s] = key(v.joinRank(w, p, s, starts[j+2]), s)
+			}
 		}
 	}
 	for i := size - 1; i >= 1; i-- {
 		tree[i] = min(tree[2*i], tree[2*i+1])
 	}
+	// update sets leaf i to k and restores the minima above it, stopping
+	// as soon as one is unchanged.
 	update := func(i int32, k uint64) {
 		j := size + int(i)
 		tree[j] = k
 		for j > 1 {
+			k = min(k, tree[j^1])
 			j >>= 1
-			m := min(tree[2*j], tree[2*j+1])
-			if tree[j] == m {
+			if tree[j] == k {
 				return
 			}
-			tree[j] = m
+			tree[j] = k
 		}
 	}
-	w.work += n
-	parts := n
+	w.work += parts
 	for tree[1] != none {
 		w.work++
 		pos := int32(uint32(tree[1]))

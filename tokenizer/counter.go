@@ -7,8 +7,9 @@
 // Counting does work linear in the input on every input (O(n log n) time
 // for one giant piece, never tiktoken's O(n²)): the pre-tokenizers are
 // hand-written (no backtracking regexp), short pieces are merged with the
-// usual quadratic scan, long ones with a tournament tree, and piece counts
-// are cached. Counts are identical to tiktoken-go's EncodeOrdinary; special-token
+// usual quadratic scan, long ones with a tournament tree, characters that
+// are one token start as one part where that provably changes nothing, and
+// piece counts are cached. Counts are identical to tiktoken-go's EncodeOrdinary; special-token
 // strings in user text are counted as text.
 //
 // For Anthropic and Gemini, whose tokenizers are not public, InputTokens is

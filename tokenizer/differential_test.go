@@ -107,7 +107,7 @@ func TestEveryRuneClass(t *testing.T) {
 // are kilobytes long, where the tree-based merge does all the work.
 func TestLongPiecesMatchOracle(t *testing.T) {
 	c := newTestCounter(t)
-	for _, class := range []string{"letters", "spaces", "base64", "cjk-nospace", "punct"} {
+	for _, class := range []string{"letters", "spaces", "base64", "cjk-nospace", "cjk", "punct"} {
 		text := benchInput(t, class, 6<<10)
 		for _, enc := range encodings {
 			want := len(oracle(t, enc).EncodeOrdinary(text))

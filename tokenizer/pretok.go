@@ -72,6 +72,11 @@ func class(s string, i int) (uint8, int) {
 	if b < utf8.RuneSelf {
 		return bmpClass[b], 1
 	}
+	// Three-byte characters led by E1..EC or EE..EF (CJK, kana, hangul)
+	// have no overlong or surrogate forms: decode them inline.
+	if b-0xE1 < 0x0F && b != 0xED && i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 {
+		return bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+	}
 	r, n := utf8.DecodeRuneInString(s[i:])
 	if r < 0x10000 {
 		return bmpClass[r], n

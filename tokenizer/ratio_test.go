@@ -21,8 +21,8 @@ func threadCPU() time.Duration {
 
 // TestSpeedRatio prints this counter's speed next to tiktoken-go's on the
 // same inputs, in CPU time of one thread (the README table). The target is
-// 10x on every class; CJK does not reach it yet (see README.md), so the test
-// fails only below 4x, as a guard against regressions.
+// 10x on every class, reached with a margin (README.md); the test fails
+// below 8x, which leaves room for the noise of a busy machine.
 // It is slow, so it runs only on request:
 //
 //	TOKENGATE_RATIO=1 go test ./tokenizer -run SpeedRatio -v
@@ -51,8 +51,8 @@ func TestSpeedRatio(t *testing.T) {
 			theirs := measure(func() { oracle(t, enc).EncodeOrdinary(text) })
 			mb := float64(len(text)) / 1e6
 			t.Logf("| %s | %s | %.1f | %.2f | %.0fx |", class, enc, mb/ours, mb/theirs, theirs/ours)
-			if theirs/ours < 4 {
-				t.Errorf("%s %s: %.1fx tiktoken-go, want at least 4x", class, enc, theirs/ours)
+			if theirs/ours < 8 {
+				t.Errorf("%s %s: %.1fx tiktoken-go, want at least 8x", class, enc, theirs/ours)
 			}
 		}
 	}

@@ -23,8 +23,9 @@ type vocab struct {
 	name  string
 	id    int // index of the vocabulary in per-worker caches
 	ranks map[string]int32
-	// pair holds the rank of every two-byte token (index b0<<8|b1), -1 when
-	// the pair is not a token; it spares a map lookup in the first BPE pass.
+	// pair holds the rank of every two-byte token (index b0<<8|b1), noRank
+	// when the pair is not a token; it spares a map lookup in the first BPE
+	// pass.
 	pair []int32
 	// bytes holds the rank of every single byte (all 256 are tokens).
 	bytes [256]int32
@@ -34,11 +35,22 @@ type vocab struct {
 	shortKeys  []uint64
 	shortRanks []int32
 	shortMask  uint64
+	// filter is a blocked Bloom filter over the keys of short and mid:
+	// 256 KB, small enough to stay in the CPU cache where the tables do
+	// not. Most BPE merge look-ups, and most whole-piece look-ups of
+	// random text, ask for a string that is not a token; the filter
+	// answers them with one cached word (see mayBeShort, mayBeMid).
+	filter []uint64
 	// mid is the same for tokens of 8 to 15 bytes, keyed by two words
 	// (CJK merges look up 6 to 12 bytes all the time).
 	midKeys  [][2]uint64
 	midRanks []int32
 	midMask  uint64
+	// chars tells, for every rune below 0x10000, whether a piece may start
+	// its merges from the character as one part, and cuts lists the tokens
+	// that forbid it in some contexts (see premerge.go).
+	chars []charInfo
+	cuts  []cutList
 	// split finds the end of the pre-tokenizer piece starting at i.
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
@@ -143,7 +155,7 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 		tokens: make([]string, maxRank+1),
 	}
 	for i := range v.pair {
-		v.pair[i] = -1
+		v.pair[i] = noRank
 	}
 	for i := range v.bytes {
 		v.bytes[i] = -1
@@ -166,13 +178,20 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 	v.midKeys = make([][2]uint64, 1<<17)
 	v.midRanks = make([]int32, 1<<17)
 	v.midMask = uint64(len(v.midKeys) - 1)
+	v.filter = make([]uint64, 1<<filterBits)
 	for _, e := range entries {
 		tok := unsafe.String(&arena[e.off], int(e.n))
 		switch {
 		case e.n <= shortMax:
-			v.putShort(packShort(tok), e.rank)
+			k := packShort(tok)
+			v.putShort(k, e.rank)
+			i, m := filterSlot(k)
+			v.filter[i] |= m
 		case e.n <= midMax:
-			v.putMid(packMid(tok), e.rank)
+			k := packMid(tok)
+			v.putMid(k, e.rank)
+			i, m := filterSlot(k[0]*0xD6E8FEB86659FD93 ^ k[1])
+			v.filter[i] |= m
 		}
 	}
 	for b, r := range v.bytes {
@@ -180,6 +199,7 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 			return nil, fmt.Errorf("tokenizer: %s: byte %#x is not a token", name, b)
 		}
 	}
+	v.buildChars()
 	return v, nil
 }
 
@@ -205,6 +225,30 @@ func (v *vocab) putShort(k uint64, rank int32) {
 			return
 		}
 	}
+}
+
+// filterBits is log2 of the number of words of the short-token filter.
+const filterBits = 15
+
+// filterSlot returns the word and the three bits of key k in the filter.
+func filterSlot(k uint64) (uint64, uint64) {
+	h := k * 0x9E3779B97F4A7C15
+	h ^= h >> 29
+	h *= 0xBF58476D1CE4E5B9
+	return h >> (64 - filterBits), 1<<(h&63) | 1<<(h>>6&63) | 1<<(h>>12&63)
+}
+
+// mayBeShort reports whether packed key k may be a token; false is
+// certain (no false negatives), true is wrong for about 1 % of non-tokens.
+func (v *vocab) mayBeShort(k uint64) bool {
+	i, m := filterSlot(k)
+	return v.filter[i&(1<<filterBits-1)]&m == m
+}
+
+// mayBeMid is mayBeShort for a packed mid key.
+func (v *vocab) mayBeMid(k [2]uint64) bool {
+	i, m := filterSlot(k[0]*0xD6E8FEB86659FD93 ^ k[1])
+	return v.filter[i&(1<<filterBits-1)]&m == m
 }
 
 // getShort returns the rank of a packed key, or noRank. Keys sit apart
