@@ -35,9 +35,9 @@ policies:
 	}
 	sc := serverConfig(cfg, buckets.NewMemory(buckets.MemoryOptions{}), nil, slog.New(slog.DiscardHandler))
 	want := []extproc.Policy{{
-		Name:        "p",
-		Identities:  []extproc.Identity{{Name: "key", Header: "authorization", Hash: true}},
-		Anonymous:   "shared",
+		Name:       "p",
+		Identities: []extproc.Identity{{Name: "key", Header: "authorization", Hash: true}},
+		Anonymous:  "shared",
 		Buckets: []extproc.BucketRule{
 			{Name: "key", Per: "key", Limit: buckets.Limit{Capacity: 100, Rate: 10}, Hard: true},
 			{Name: "provider", Per: "model", Limit: buckets.Limit{Capacity: 54000, Rate: 900}, Headroom: 5400, Provider: true},
