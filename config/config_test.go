@@ -117,11 +117,11 @@ policies:
 	}
 	got := struct {
 		Default, Store, OnFailure, NS, Key string
-		Lease                             time.Duration
+		Lease                              time.Duration
 	}{c.DefaultPolicy, c.Store.Type, c.Store.OnFailure, c.Namespace, c.PolicyMetadataKey, c.Policies[0].Concurrency[0].Lease}
 	want := struct {
 		Default, Store, OnFailure, NS, Key string
-		Lease                             time.Duration
+		Lease                              time.Duration
 	}{"only", "memory", "closed", "tokengate", "x-tokengate-policy", 10 * time.Minute}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)

@@ -245,4 +245,3 @@ func httptestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(func() { s.Close() })
 	return "http://" + l.Addr().String()
 }
-

@@ -122,4 +122,3 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 	logger.Info("stopped")
 	return serveErr
 }
-
