@@ -48,6 +48,10 @@ type Options struct {
 	// OnFallback, if set, is called for every operation answered while the
 	// primary is down (for metrics).
 	OnFallback func(op string)
+	// MaxPending bounds the settlements kept for replay while the primary
+	// is down; zero means 100000. Beyond it the oldest are dropped: their
+	// reservations stay charged and their slots expire with their lease.
+	MaxPending int
 }
 
 // Store is a buckets.Store that survives an unreachable primary. It is safe
@@ -61,6 +65,18 @@ type Store struct {
 	// fallbackIDs remembers the reservations the local store made, so they
 	// settle where they were taken.
 	fallbackIDs sync.Map
+
+	mu        sync.Mutex
+	pending   []pendingSettle // settlements the primary missed, oldest first
+	replaying bool
+}
+
+// pendingSettle is a settlement to replay once the primary answers again.
+// Settlement is once-only per reservation ID, so a replay can never charge
+// twice.
+type pendingSettle struct {
+	r      buckets.Reservation
+	actual float64
 }
 
 var _ buckets.Store = (*Store)(nil)
@@ -75,6 +91,9 @@ func New(primary buckets.Store, opts Options) *Store {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = 100000
 	}
 	s := &Store{primary: primary, opts: opts}
 	if opts.Mode == Open {
@@ -113,7 +132,74 @@ func (s *Store) failed(err error) bool {
 func (s *Store) succeeded() {
 	if s.down.Swap(false) {
 		s.opts.Logger.Info("bucket store reachable again; shared limits apply")
+		s.startReplay()
 	}
+}
+
+// keep queues a settlement the primary could not take.
+func (s *Store) keep(r *buckets.Reservation, actual float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) >= s.opts.MaxPending {
+		s.pending = s.pending[1:]
+		s.fallback("settle_dropped")
+	}
+	s.pending = append(s.pending, pendingSettle{r: *r, actual: actual})
+}
+
+// Pending is the number of settlements waiting for the primary.
+func (s *Store) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
+
+// replayingNow reports whether a replay is running.
+func (s *Store) replayingNow() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.replaying
+}
+
+// startReplay settles, in the background, what the primary missed while it
+// was down. One replay runs at a time; it stops at the next failure and
+// resumes at the next recovery.
+func (s *Store) startReplay() {
+	s.mu.Lock()
+	if s.replaying || len(s.pending) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.replaying = true
+	s.mu.Unlock()
+	go func() {
+		replayed := 0
+		for {
+			s.mu.Lock()
+			if len(s.pending) == 0 || s.down.Load() {
+				s.replaying = false
+				s.mu.Unlock()
+				break
+			}
+			p := s.pending[0]
+			s.pending = s.pending[1:]
+			s.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := s.primary.Settle(ctx, &p.r, p.actual)
+			cancel()
+			if s.failed(err) {
+				s.mu.Lock()
+				s.pending = append([]pendingSettle{p}, s.pending...)
+				s.replaying = false
+				s.mu.Unlock()
+				break
+			}
+			replayed++
+		}
+		if replayed > 0 {
+			s.opts.Logger.Info("settlements missed during the outage were replayed", "count", replayed)
+		}
+	}()
 }
 
 func isOutage(err error) bool {
@@ -189,19 +275,23 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 }
 
 // Settle implements buckets.Store. Reservations taken locally settle
-// locally. A primary reservation that cannot be settled during an outage
-// keeps what it reserved: the tokens stay charged (the safe side), slots
-// expire with their lease.
+// locally. A settlement the primary cannot take during an outage is kept
+// (bounded by MaxPending) and replayed when the primary answers again, so
+// refunds and slot releases are not lost to a short outage; until then the
+// reservation stays charged (the safe side).
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
 	if _, ok := s.fallbackIDs.LoadAndDelete(r.ID); ok {
 		return s.local.Settle(ctx, r, actual)
 	}
 	if s.skipPrimary() {
 		s.fallback("settle")
+		s.keep(r, actual)
 		return nil, buckets.ErrStore
 	}
 	st, err := s.primary.Settle(ctx, r, actual)
-	if !s.failed(err) && err == nil {
+	if s.failed(err) {
+		s.keep(r, actual)
+	} else if err == nil {
 		s.succeeded()
 	}
 	return st, err

@@ -123,26 +123,50 @@ func TestOpenAdmitsAgainstFallback(t *testing.T) {
 	}
 }
 
-// After recovery, reservations taken by the primary settle on the primary.
-func TestSettleGoesWhereReserved(t *testing.T) {
-	p, s, c := setup(Open)
+// A settlement the primary missed during an outage is replayed once it
+// answers again: the refund and the slot come back without waiting for the
+// lease, and replaying never charges twice.
+func TestMissedSettlementReplayed(t *testing.T) {
+	p, s, c := setup(Closed)
 	ctx := context.Background()
-	d, err := s.Reserve(ctx, req("p", 50))
+	r := req("p", 50)
+	r.Slots = []buckets.Slot{{Name: "slot", Key: "u1", Max: 1, Lease: time.Hour}}
+	d, err := s.Reserve(ctx, r)
 	if err != nil || !d.OK {
 		t.Fatal(d, err)
 	}
 	p.down = true
 	if _, err := s.Settle(ctx, d.Reservation, 10); !errors.Is(err, buckets.ErrStore) {
-		t.Fatalf("Settle of a primary reservation during outage = %v, want ErrStore", err)
+		t.Fatalf("Settle during outage = %v, want ErrStore", err)
+	}
+	if s.Pending() != 1 {
+		t.Fatalf("pending settlements = %d, want 1", s.Pending())
 	}
 	p.down = false
 	c.t = c.t.Add(2 * time.Second)
-	st, err := s.Settle(ctx, d.Reservation, 10)
-	if err != nil {
+	// Any successful call ends the outage and starts the replay.
+	if _, err := s.Reserve(ctx, req("probe", 0.5)); err != nil {
 		t.Fatal(err)
 	}
-	// 100 - 50 + 40 refund + 2 s of refill, capped at capacity.
-	if got := st[0].Remaining; got != 92 {
-		t.Errorf("remaining after settling on the primary = %v, want 92", got)
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Pending() > 0 || s.replayingNow() {
+		if time.Now().After(deadline) {
+			t.Fatal("missed settlement not replayed within 5s")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+	// The slot is free again, and the bucket got its refund once:
+	// 100 - 50 (reserved) - 0.5 (probe) + 40 (refund) + 2 s of refill.
+	next := req("next", 1)
+	next.Slots = r.Slots
+	d, err = s.Reserve(ctx, next)
+	if err != nil || !d.OK {
+		t.Fatalf("after the replay the slot should be free: %+v %v", d, err)
+	}
+	if got := d.Buckets[0].Remaining; got != 90.5 {
+		t.Errorf("remaining = %v, want 90.5 (refunded exactly once)", got)
+	}
+	if _, err := s.Settle(ctx, d.Reservation, 1); err != nil {
+		t.Fatal(err)
 	}
 }
