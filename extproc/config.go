@@ -128,7 +128,7 @@ type Identity struct {
 }
 
 // BucketRule is one bucket of a policy's chain; its store key is described
-// in keys.go and README.md. Plain data; the zero value is invalid (Name and
+// in keys.go and the repository README. Plain data; the zero value is invalid (Name and
 // Limit are required).
 type BucketRule struct {
 	Name string

@@ -13,6 +13,6 @@
 // the subpackage provider.
 //
 // The wiring code builds a Server with NewServer and registers it on a
-// grpc.Server with Register. See README.md for the request flow, the response
+// grpc.Server with Register. See the repository README for the request flow, the response
 // headers and error bodies, and what the STREAMED response mode cannot do.
 package extproc

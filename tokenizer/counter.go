@@ -13,7 +13,7 @@
 // strings in user text are counted as text.
 //
 // For Anthropic and Gemini, whose tokenizers are not public, InputTokens is
-// a conservative estimate (Count.Exact is false); see README.md for how far
+// a conservative estimate (Count.Exact is false); see the repository README for how far
 // it is from recorded usage.
 package tokenizer
 

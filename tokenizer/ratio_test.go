@@ -21,7 +21,7 @@ func threadCPU() time.Duration {
 
 // TestSpeedRatio prints this counter's speed next to tiktoken-go's on the
 // same inputs, in CPU time of one thread (the README table). The target is
-// 10x on every class, reached with a margin (README.md); the test fails
+// 10x on every class, reached with a margin (the repository README); the test fails
 // below 8x, which leaves room for the noise of a busy machine.
 // It is slow, so it runs only on request:
 //

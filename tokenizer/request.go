@@ -27,7 +27,7 @@ func DetectAPI(path string, reqBody []byte) (API, error) {
 }
 
 // decodeJSON decodes request bodies. sonic parses them several times
-// faster than encoding/json on amd64 (see README.md) and falls back to an
+// faster than encoding/json on amd64 (see the repository README) and falls back to an
 // encoding/json-compatible decoder elsewhere. Invalid UTF-8 is kept and
 // mapped to U+FFFD by the counter, as encoding/json would.
 func decodeJSON(data []byte, v any) error {

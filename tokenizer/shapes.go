@@ -136,7 +136,7 @@ func (t *tally) raw(r json.RawMessage) {
 
 // Estimation for families whose tokenizer is not public: o200k_base text
 // counts scaled by a factor measured on the recorded traffic in
-// testdata/providers (see README.md), rounded up.
+// testdata/providers (see the repository README), rounded up.
 const (
 	anthropicFactor = 1.15
 	geminiFactor    = 1.10
@@ -460,7 +460,7 @@ func (t *tally) prompt(raw json.RawMessage, field string) (int, error) {
 
 // responses counts the Responses API. Its framing is not documented; items
 // are counted like chat messages, which the recorded traffic shows to be
-// close (see README.md).
+// close (see the repository README).
 func (t *tally) responses(b *body) error {
 	t.n += 3
 	if len(b.Instructions) > 0 && string(b.Instructions) != "null" {
