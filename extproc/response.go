@@ -383,15 +383,7 @@ func (p *processor) finalMetadata() *structpb.Struct {
 	if p.res == nil {
 		return nil
 	}
-	p.exactOutput()
 	return p.metadata(true)
-}
-
-// exactOutput replaces the running bound of the output by the exact count.
-func (p *processor) exactOutput() {
-	if p.live != nil {
-		p.output.Store(int64(p.live.Tokens()))
-	}
 }
 
 func (p *processor) readUsage() {
@@ -455,7 +447,6 @@ func (p *processor) settle() {
 		return
 	}
 	p.settled = true
-	p.exactOutput()
 	p.actual, p.outcome = p.settlement()
 	p.settleStore(p.actual)
 	if p.outcome == "complete" && p.status == 200 && p.count.Model != "" {
