@@ -36,6 +36,7 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 		strings.HasPrefix(strings.ToLower(hdr["content-type"]), "text/event-stream")
 	if p.sse {
 		p.stream = provider.NewStream(p.count.API, p.count.IncludeUsage, p.injected)
+		p.framer = *framerPool.Get().(*provider.Framer) // emptied by Flush before it was pooled
 		p.live = p.s.cfg.counter.NewLive(p.count.Encoding)
 	}
 	var set []*corev3.HeaderValueOption
@@ -187,6 +188,22 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 // outPool recycles the buffers that forwarded events are gathered in, so a
 // stream allocates none per chunk and few per request.
 var outPool = sync.Pool{New: func() any { return new([]byte) }}
+
+// framerPool recycles the buffers of the framers of streamed responses.
+var framerPool = sync.Pool{New: func() any { return new(provider.Framer) }}
+
+// releaseFramer returns the framer's buffer to the pool, unless it grew
+// large; nothing may refer to what the framer returned afterwards.
+func (p *processor) releaseFramer() {
+	if !p.sse {
+		return
+	}
+	f := p.framer
+	p.framer = provider.Framer{}
+	if f.Flush(); cap(f.Pending()) <= 1<<20 {
+		framerPool.Put(&f)
+	}
+}
 
 // growOut empties the forward buffer and makes room for n bytes.
 func (p *processor) growOut(n int) {
@@ -494,6 +511,7 @@ func (p *processor) abandon() {
 // the one place per request where outcomes are reported.
 func (p *processor) finish() {
 	p.releaseOut()
+	p.releaseFramer()
 	p.settle()
 	p.settleMu.Lock()
 	actual, outcome, settled, inDebt := p.actual, p.outcome, p.settled, p.inDebt

@@ -1,5 +1,7 @@
 package provider
 
+import "bytes"
+
 // Framer splits a server-sent event byte stream into complete events,
 // incrementally (S13). It accepts any chunking, down to one byte; LF, CRLF and
 // CR line ends; comment lines; and keeps every byte: the events it returns,
@@ -23,6 +25,12 @@ type Framer struct {
 	start     int // offset of the first byte not yet returned
 	pos       int // offset of the first byte not yet scanned
 	lineStart int // offset of the line being scanned
+	// nextLF and nextCR are one more than the offset of the next LF and CR
+	// found at or after a scanned position, len(buf)+1 when buf holds none,
+	// and 0 when not yet searched since the last Feed. They keep a stream
+	// with one kind of line end from being searched for the other kind
+	// again at every line.
+	nextLF, nextCR int
 }
 
 // Feed appends the next chunk of the stream. It invalidates the slices
@@ -36,6 +44,28 @@ func (f *Framer) Feed(chunk []byte) {
 		f.start = 0
 	}
 	f.buf = append(f.buf, chunk...)
+	f.nextLF, f.nextCR = 0, 0
+}
+
+// lineEnd returns the offset of the first CR or LF at or after i, or -1.
+func (f *Framer) lineEnd(i int) int {
+	b := f.buf
+	if f.nextLF <= i { // not searched, or behind i
+		f.nextLF = len(b) + 1
+		if k := bytes.IndexByte(b[i:], '\n'); k >= 0 {
+			f.nextLF = i + k + 1
+		}
+	}
+	if f.nextCR <= i {
+		f.nextCR = len(b) + 1
+		if k := bytes.IndexByte(b[i:], '\r'); k >= 0 {
+			f.nextCR = i + k + 1
+		}
+	}
+	if e := min(f.nextLF, f.nextCR) - 1; e < len(b) {
+		return e
+	}
+	return -1
 }
 
 // Next returns the next complete event's raw bytes exactly as received,
@@ -44,10 +74,10 @@ func (f *Framer) Feed(chunk []byte) {
 func (f *Framer) Next() (event []byte, ok bool) {
 	b := f.buf
 	for i := f.pos; i < len(b); i++ {
-		c := b[i]
-		if c != '\n' && c != '\r' {
-			continue
+		if i = f.lineEnd(i); i < 0 {
+			break
 		}
+		c := b[i]
 		end := i + 1
 		if c == '\r' {
 			if end == len(b) {
@@ -84,6 +114,7 @@ func (f *Framer) Flush() []byte {
 	tail := f.buf[f.start:]
 	f.buf = f.buf[:0]
 	f.start, f.pos, f.lineStart = 0, 0, 0
+	f.nextLF, f.nextCR = 0, 0
 	if len(tail) == 0 {
 		return nil
 	}

@@ -68,6 +68,8 @@ type Stream struct {
 
 	seq int // last Responses sequence_number
 
+	generalOnly bool // read OpenAI chunks with the general reader only (tests)
+
 	// saved is the client-visible state before the last Observe, restored
 	// by Withhold.
 	saved        clientState
@@ -192,11 +194,23 @@ func (s *Stream) Observe(event []byte) (Event, error) {
 // slice of event starting at off, or the values of several data fields
 // joined by LF (WHATWG) in scratch space. n is the number of data fields.
 func (s *Stream) eventData(event []byte) (data []byte, off, n int) {
+	// lf and cr are the offsets of the next LF and CR at or after i
+	// (len(event) when there is none), found with one search each.
+	lf, cr := -1, -1
 	for i := 0; i < len(event); {
-		j := i
-		for j < len(event) && event[j] != '\n' && event[j] != '\r' {
-			j++
+		if lf < i {
+			lf = len(event)
+			if k := bytes.IndexByte(event[i:], '\n'); k >= 0 {
+				lf = i + k
+			}
 		}
+		if cr < i {
+			cr = len(event)
+			if k := bytes.IndexByte(event[i:], '\r'); k >= 0 {
+				cr = i + k
+			}
+		}
+		j := min(lf, cr)
 		line := event[i:j]
 		next := j + 1
 		if j < len(event) && event[j] == '\r' && next < len(event) && event[next] == '\n' {
@@ -274,10 +288,15 @@ func (s *Stream) appendStrings(v []byte, keys ...string) error {
 // that Azure's leading chunk with empty id and model does not erase what
 // later chunks report. It copies only when the value changed.
 func keep(dst *[]byte, v []byte) {
-	if len(v) == 0 || isNull(v) || string(v) == `""` || string(v) == "0" || bytes.Equal(*dst, v) {
+	if !keepable(v) || bytes.Equal(*dst, v) {
 		return
 	}
 	*dst = append((*dst)[:0], v...)
+}
+
+// keepable reports whether keep stores the raw value v.
+func keepable(v []byte) bool {
+	return len(v) > 0 && !isNull(v) && string(v) != `""` && string(v) != "0"
 }
 
 // markChoice records that choice index was seen, and finished if so.
@@ -304,6 +323,9 @@ func (s *Stream) allFinished() bool {
 // observeOpenAI reads an OpenAI chat.completion.chunk or text_completion
 // chunk (also Azure OpenAI and OpenAI-compatible routers).
 func (s *Stream) observeOpenAI(ev *Event, event, data []byte, off, n int) error {
+	if !s.generalOnly && s.fastOpenAI(ev, event, data, off, n) {
+		return nil
+	}
 	obj, err := openObject(data, 0)
 	if err != nil {
 		return err
