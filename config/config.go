@@ -240,13 +240,16 @@ func Parse(file string, data []byte) (*Config, error) {
 	v := &validator{file: file, lines: map[string]int{}}
 	v.index(root.Content[0], "")
 	var c Config
-	if err := root.Content[0].Decode(&c); err != nil {
-		v.decodeErrors(err)
+	decodeErr := root.Content[0].Decode(&c)
+	if decodeErr != nil {
+		v.decodeErrors(decodeErr)
 	}
 	// Strictness: unknown keys are found by walking the node tree against
 	// the struct fields, so all of them are reported, each with its path.
 	v.unknownKeys(root.Content[0], "", configShape)
-	if len(v.problems) == 0 {
+	// Values are checked too unless a value failed to decode (its zero value
+	// would be reported again, wrongly); unknown keys do not stop them.
+	if decodeErr == nil {
 		c.applyDefaults()
 		v.validate(&c)
 	}

@@ -56,7 +56,7 @@ func TestInvalidFixtures(t *testing.T) {
 // All problems of a file are reported at once, not only the first.
 func TestAllProblemsAtOnce(t *testing.T) {
 	_, err := Parse("x.yaml", []byte(`
-store: {type: redis, on_failure: sideways}
+store: {type: redis, on_failure: sideways, typo: 1}
 policies:
   - name: Bad Name
     buckets:
@@ -72,7 +72,7 @@ policies:
 	for _, p := range ps {
 		fields = append(fields, p.Field)
 	}
-	want := []string{"store.redis.addrs", "store.on_failure", "policies[0].name", "policies[0].buckets[0].tokens_per_minute", "policies[0].concurrency[0].max"}
+	want := []string{"store.typo", "store.redis.addrs", "store.on_failure", "policies[0].name", "policies[0].buckets[0].tokens_per_minute", "policies[0].concurrency[0].max"}
 	for _, w := range want {
 		if !contains(fields, w) {
 			t.Errorf("no problem for %s in:\n%v", w, err)
