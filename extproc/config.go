@@ -51,6 +51,8 @@ type Config struct {
 // Outcome is what happened to one request, reported once when its stream
 // ends. It is a plain value.
 type Outcome struct {
+	// Policy is the configured policy's name, or "unknown" when the route
+	// named none of them.
 	Policy string
 	// Decision: admitted, unmetered, refused_tokens, refused_requests,
 	// never_admissible, bad_request, unauthorized, store_error, or empty
@@ -151,6 +153,10 @@ type ConcurrencyRule struct {
 	Max   int
 	Lease time.Duration // how long a slot lives if never released; default 10m
 }
+
+// unknownPolicy stands in Outcome.Policy for a policy name that the route
+// sent but the configuration does not define.
+const unknownPolicy = "unknown"
 
 const (
 	anonymousShared = "shared"

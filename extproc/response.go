@@ -537,8 +537,12 @@ func (p *processor) finish() {
 		p.logAt(level, "request finished", attrs...)
 	}
 	if p.s.cfg.OnFinish != nil {
+		policy := p.policy
+		if p.pol == nil {
+			policy = unknownPolicy // a name from the route, not from the configuration
+		}
 		p.s.cfg.OnFinish(Outcome{
-			Policy: p.policy, Decision: p.decision, Model: p.count.Model,
+			Policy: policy, Decision: p.decision, Model: p.count.Model,
 			InputTokens: p.count.InputTokens, Reserved: p.reservedTokens(),
 			Output: int(p.output.Load()), Settled: actual, SettleOutcome: outcome,
 			CutOff: p.cut, Status: p.status, Usage: p.usageOK,

@@ -659,6 +659,10 @@ func TestUnknownPolicy(t *testing.T) {
 	if resp, _ := r.post(t, chatPath, `{"model":"m","messages":[]}`, nil); resp.StatusCode != 500 || u.requests.Load() != 0 {
 		t.Errorf("status %d, upstream requests %d; want 500 and none", resp.StatusCode, u.requests.Load())
 	}
+	// The outcome (and so a metric label) names no policy the route made up.
+	if o := r.outcome(t); o.Policy != unknownPolicy || o.Decision != "bad_request" {
+		t.Errorf("outcome %+v, want policy %q and decision bad_request", o, unknownPolicy)
+	}
 }
 
 // S11: a concurrency limit refuses with type "requests" while the slot is
