@@ -10,7 +10,6 @@ package config
 
 import (
 	_ "embed"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -325,7 +324,3 @@ func (c *Config) applyDefaults() {
 		}
 	}
 }
-
-// ErrNoConfig is returned by LoadOrDefault callers that want to know the
-// default was used.
-var ErrNoConfig = errors.New("no configuration file given")
