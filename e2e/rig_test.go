@@ -32,9 +32,9 @@ import (
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
-// providersDir holds the recorded provider traffic. It lies beside the
-// repository root, in ../shared, in every checkout.
-const providersDir = "../../shared/testdata/providers"
+// providersDir holds the recorded provider traffic (testdata/providers at
+// the repository root; never edited).
+const providersDir = "../testdata/providers"
 
 // waitFor bounds every wait of these tests: a wait that takes longer is a
 // failure, never a reason to sleep longer.

@@ -14,7 +14,7 @@ import (
 )
 
 // providersDir holds the recorded provider traffic, beside the repository.
-const providersDir = "../../shared/testdata/providers"
+const providersDir = "../testdata/providers"
 
 type recording struct {
 	dir   string

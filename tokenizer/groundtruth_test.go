@@ -9,9 +9,9 @@ import (
 	"testing"
 )
 
-// providersDir holds the recorded provider traffic, shared read-only by the
-// project (../shared beside the repository root).
-const providersDir = "../../shared/testdata/providers"
+// providersDir holds the recorded provider traffic, read-only for the
+// project (testdata/providers at the repository root).
+const providersDir = "../testdata/providers"
 
 type caseMeta struct {
 	Case      string          `json:"case"`

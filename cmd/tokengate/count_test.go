@@ -13,9 +13,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// providersDir holds the recorded provider traffic (../shared beside the
-// repository root).
-const providersDir = "../../../shared/testdata/providers"
+// providersDir holds the recorded provider traffic (testdata/providers at
+// the repository root; never edited).
+const providersDir = "../../testdata/providers"
 
 func countJSON(t *testing.T, args []string, stdin string) (countResult, error) {
 	t.Helper()

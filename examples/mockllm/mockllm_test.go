@@ -19,7 +19,7 @@ import (
 	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
 )
 
-const providers = "../../../shared/testdata/providers"
+const providers = "../../testdata/providers"
 
 func post(t *testing.T, url, path, body string, hdr ...string) (*http.Response, []byte) {
 	t.Helper()

@@ -132,7 +132,7 @@ func Example() {
 
 // ExampleReplay serves a recorded OpenAI stream in 64-byte chunks.
 func ExampleReplay() {
-	h, err := mockllm.Replay("../../../shared/testdata/providers/openai/chat-stream-gpt-4o-mini", 64)
+	h, err := mockllm.Replay("../../testdata/providers/openai/chat-stream-gpt-4o-mini", 64)
 	if err != nil {
 		panic(err)
 	}

@@ -16,8 +16,8 @@ import (
 )
 
 // recordingsDir holds real provider traffic, shared by the whole product and
-// never edited: ../shared beside the repository root.
-const recordingsDir = "../../../shared/testdata/providers"
+// never edited: testdata/providers at the repository root.
+const recordingsDir = "../../testdata/providers"
 
 // recording is one recorded exchange and the facts its meta.json states.
 type recording struct {
