@@ -79,7 +79,7 @@ func TestValidateBroken(t *testing.T) {
 		{"../../config/testdata/invalid/unknown-key.yaml", `store.typo: unknown key "typo"`},
 		{"../../config/testdata/invalid/safety-factor.yaml", "policies[0].buckets[0].provider_limit.safety_factor: must be in (0, 1]"},
 		{"../../envoy/testdata/invalid/grpc-cluster-missing.yaml", `cluster "tokengat" does not exist`},
-		{"../../envoy/testdata/invalid/route-timeout-default.yaml", "route-timeout"},
+		{"../../envoy/testdata/invalid/router-not-last.yaml", "(router-last)"},
 		{"does-not-exist.yaml", "no such file"},
 	} {
 		var out, errOut bytes.Buffer
