@@ -2,15 +2,21 @@
 // checks Envoy configuration against Envoy's own API and tokengate's needs.
 //
 // tokengate runs beside Envoy as an external processor (ext_proc): Envoy
-// sends it each request's headers and buffered body, and streams the
-// response body to it in FULL_DUPLEX_STREAMED mode so that tokengate can meter
-// output live and end a stream cleanly when a hard budget runs out (SPEC S13,
-// S14). That only works when Envoy is configured for it; Validate finds the
-// configurations that would silently meter nothing, time out on large
-// prompts, or cut long generations.
+// sends it each request's headers and body, and streams the response body
+// to it, so that tokengate can count the prompt before the upstream sees
+// it, meter output live and end a stream cleanly when a hard budget runs
+// out (SPEC S7, S13, S14). That only works when Envoy is configured for it.
+// Validate (and Check, which also takes the policies of a tokengate
+// configuration) reads plain Envoy YAML, Istio EnvoyFilters and Envoy
+// Gateway EnvoyExtensionPolicies, decodes them as Envoy does, and reports
+// each problem at the line, column and field of the user's file: errors
+// where Envoy would reject the file or tokengate cannot work with it,
+// warnings where it works but loses something.
 //
-// The recommended configuration (Envoy ≥ 1.36) and the STREAMED fallback for
-// older Envoy are embedded: see Files, Recommended and StreamedFallback.
+// Modes lists the body-mode combinations tokengate supports and which Envoy
+// versions each fits. The recommended configuration (Envoy ≥ 1.36) and the
+// STREAMED fallback for older Envoy are embedded: see Files, Recommended and
+// StreamedFallback.
 package envoy
 
 import "embed"

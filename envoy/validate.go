@@ -4,23 +4,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"unicode"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
-	"sigs.k8s.io/yaml"
 
 	// The extensions the shipped configurations use. Each blank import
 	// registers its types, so their @type URLs resolve when decoding.
@@ -28,6 +29,7 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 )
 
@@ -40,6 +42,11 @@ const ExtProcFilterName = "envoy.filters.http.ext_proc"
 // settled_tokens). Envoy drops it unless the ext_proc filter lists it in
 // metadata_options.receiving_namespaces.untyped.
 const MetadataNamespace = "tokengate"
+
+// DefaultPolicyMetadataKey is the gRPC initial metadata key that names a
+// route's tokengate policy unless the configuration sets another
+// (policy_metadata_key).
+const DefaultPolicyMetadataKey = "x-tokengate-policy"
 
 // kind is the kind of Envoy document Validate decodes.
 type kind struct {
@@ -94,53 +101,176 @@ func detect(doc map[string]any) (kind, bool) {
 	return kind{}, false
 }
 
-// LooksLikeEnvoy reports whether data is a YAML document Validate would take
-// for Envoy configuration: a bootstrap, listener, route configuration, HTTP
-// connection manager, HTTP filter, ext_proc config, cluster, or any document
-// whose @type names an Envoy type. tokengate's own configuration matches none
-// of these shapes.
+// LooksLikeEnvoy reports whether data is YAML that Validate takes for Envoy
+// configuration: a bootstrap, listener, route configuration, HTTP connection
+// manager, HTTP filter, ext_proc config, cluster, a document whose @type
+// names an Envoy type, or a Kubernetes manifest (apiVersion and kind), such
+// as an Istio EnvoyFilter or an Envoy Gateway EnvoyExtensionPolicy. Any
+// document of a multi-document file may match. tokengate's own
+// configuration matches none of these shapes.
 func LooksLikeEnvoy(data []byte) bool {
-	var doc map[string]any
-	if err := yaml.Unmarshal(data, &doc); err != nil || doc == nil {
-		return false
+	docs, _ := parseDocuments(data) // a syntax error leaves the documents read before it
+	for _, d := range docs {
+		t, _ := newTree(d)
+		doc, ok := t.value.(map[string]any)
+		if !ok {
+			continue
+		}
+		if isManifest(doc) {
+			return true
+		}
+		k, ok := detect(doc)
+		if !ok {
+			continue
+		}
+		if k.name != kindAny.name {
+			return true
+		}
+		if u, _ := doc["@type"].(string); strings.Contains(u, "/envoy.") {
+			return true
+		}
+	}
+	return false
+}
+
+// Validate checks an Envoy YAML file with Envoy's own API, then with the
+// rules tokengate needs (processing modes, filter order, HTTP/2 and TLS to
+// the processor, dynamic metadata, timeouts). A document may be a
+// bootstrap, a bare listener, a route configuration, an HTTP connection
+// manager, an HTTP filter (name + typed_config, e.g.
+// envoy.filters.http.ext_proc), an ext_proc config, a cluster, any of these
+// with an explicit @type, or a Kubernetes manifest: an Istio EnvoyFilter
+// (each patch value is checked as the type its applyTo implies) or an Envoy
+// Gateway EnvoyExtensionPolicy (each extProc entry is checked as the
+// ext_proc filter Envoy Gateway generates). Files may hold several
+// documents separated by "---". Every typed_config is unpacked and
+// validated too.
+//
+// The result is empty when the file is fine. Only problems with Severity
+// Error mean the file will not work (see HasErrors). Validate is safe for
+// concurrent use.
+func Validate(file string, data []byte) []Problem {
+	return Check(file, data, Options{}).Problems
+}
+
+// Options are the inputs of checks that need more than the Envoy file.
+// The zero value runs the checks of Validate.
+type Options struct {
+	// Policies, when not empty, are tokengate configurations: every policy a
+	// route or filter names in its gRPC initial metadata must be defined in
+	// one of those that read that metadata key.
+	Policies []PolicySet
+}
+
+// PolicySet is what a tokengate configuration says about policies.
+type PolicySet struct {
+	File  string   // the configuration's file name, for messages
+	Key   string   // the gRPC initial metadata key naming the policy; "" means DefaultPolicyMetadataKey
+	Names []string // the policies it defines
+}
+
+// Report is what Check found in one file. It is a plain value.
+type Report struct {
+	Problems []Problem
+	// Modes lists every ext_proc processing mode in the file (a filter or a
+	// per-route override) with tokengate's advice for it.
+	Modes []ModeUse
+	// Checked names the documents that were checked, e.g. "bootstrap" or
+	// "EnvoyFilter tokengate"; Skipped the Kubernetes manifests that carry
+	// no Envoy configuration (e.g. "ServiceEntry tokengate").
+	Checked, Skipped []string
+}
+
+// Check is Validate with options, and with the modes and documents it saw.
+// It is safe for concurrent use.
+func Check(file string, data []byte, opts Options) Report {
+	c := &checker{file: file, opts: opts}
+	docs, synErr := parseDocuments(data)
+	for _, d := range docs {
+		c.document(d)
+	}
+	if synErr != nil {
+		c.report.Problems = append(c.report.Problems, Problem{
+			File: file, Line: synErr.pos.line, Column: synErr.pos.col,
+			Rule: RuleYAML, Message: "not valid YAML: " + synErr.msg,
+		})
+	} else if len(docs) == 0 {
+		c.report.Problems = append(c.report.Problems, Problem{File: file, Rule: RuleYAML, Message: "the file holds no YAML document"})
+	}
+	slices.SortStableFunc(c.report.Problems, func(a, b Problem) int {
+		if a.Line != b.Line {
+			return a.Line - b.Line
+		}
+		return a.Column - b.Column
+	})
+	return c.report
+}
+
+// checker checks one file.
+type checker struct {
+	file   string
+	opts   Options
+	report Report
+}
+
+// document checks one YAML document of the file.
+func (c *checker) document(node *yaml.Node) {
+	t, errs := newTree(node)
+	for _, e := range errs {
+		c.report.Problems = append(c.report.Problems, Problem{
+			File: c.file, Line: e.pos.line, Column: e.pos.col, Path: e.path, Rule: RuleYAML, Message: e.msg,
+		})
+	}
+	doc, ok := t.value.(map[string]any)
+	if !ok {
+		at := t.find("")
+		c.report.Problems = append(c.report.Problems, Problem{
+			File: c.file, Line: at.line, Column: at.col, Rule: RuleYAML,
+			Message: fmt.Sprintf("the document must be a YAML mapping, not %s", jsonKind(t.value)),
+		})
+		return
+	}
+	if isManifest(doc) {
+		c.manifest(t, doc)
+		return
 	}
 	k, ok := detect(doc)
 	if !ok {
-		return false
+		u := c.unit(t, "")
+		u.add(Error, "", RuleShape, "not a kind of Envoy document tokengate validates: want a bootstrap "+
+			"(static_resources), a listener (filter_chains), a route configuration (virtual_hosts), an "+
+			"http connection manager (http_filters), an http filter (name + typed_config), a document with "+
+			"an @type, or a Kubernetes manifest (apiVersion, kind)")
+		return
 	}
-	if k.name == kindAny.name {
-		t, _ := doc["@type"].(string)
-		return strings.Contains(t, "/envoy.")
-	}
-	return true
+	c.report.Checked = append(c.report.Checked, k.name)
+	u := c.unit(t, "")
+	u.run(doc, k.new())
 }
 
-// Validate checks one Envoy YAML document with Envoy's own API, then with
-// the rules tokengate needs (processing modes, timeouts, HTTP/2 to the
-// processor, dynamic metadata). The document may be a bootstrap, a bare
-// listener, a route configuration, an HTTP connection manager, an HTTP filter
-// (name + typed_config, e.g. envoy.filters.http.ext_proc), an ext_proc config,
-// a cluster, or any of these with an explicit @type. Every typed_config is
-// unpacked and validated too. The result is empty when the document is fine;
-// only problems with Severity Error should fail a check (see HasErrors).
-// Validate is safe for concurrent use.
-func Validate(file string, data []byte) []Problem {
-	v := &validation{file: file}
-	v.run(data)
-	return v.problems
-}
-
-// validation collects the problems of one document.
-type validation struct {
-	file     string
-	problems []Problem
+// unit is one Envoy message being checked: a whole document, an EnvoyFilter
+// patch value, or the filter an EnvoyExtensionPolicy stands for.
+type unit struct {
+	c      *checker
+	t      *tree  // the document, for positions
+	prefix string // the path of the message within the document
+	// display, when set, names the document field a path of the message
+	// comes from (an EnvoyExtensionPolicy field for a generated filter).
+	display func(path string) string
+	// partial marks an EnvoyFilter MERGE value: fields it leaves out come
+	// from the configuration Istio generates, so their absence is no
+	// problem, and checks that need the merged result are left out.
+	partial bool
 
 	extProcs  []extProcAt
 	perRoutes []perRouteAt
 	hcms      []hcmAt
 	routeCfgs []routeCfgAt
+	policies  []policyAt
 	bootstrap *bootstrapv3.Bootstrap
 }
+
+func (c *checker) unit(t *tree, prefix string) *unit { return &unit{c: c, t: t, prefix: prefix} }
 
 type extProcAt struct {
 	path string
@@ -163,70 +293,101 @@ type routeCfgAt struct {
 	rc   *routev3.RouteConfiguration
 }
 
-func (v *validation) add(sev Severity, path, rule, format string, args ...any) {
-	v.problems = append(v.problems, Problem{
-		File: v.file, Path: path, Rule: rule, Severity: sev,
+// policyAt is a policy name given in gRPC initial metadata.
+type policyAt struct {
+	path string // of the header value
+	key  string
+	name string
+}
+
+// where returns the document path and position of a path of the message.
+func (u *unit) where(path string) (string, position) {
+	var p string
+	if u.display != nil {
+		p = u.display(path)
+	} else {
+		p = joinPath(u.prefix, path)
+	}
+	return p, u.t.find(p)
+}
+
+func (u *unit) add(sev Severity, path, rule, format string, args ...any) {
+	p, at := u.where(path)
+	u.c.report.Problems = append(u.c.report.Problems, Problem{
+		File: u.c.file, Line: at.line, Column: at.col, Path: p, Rule: rule, Severity: sev,
 		Message: fmt.Sprintf(format, args...),
 	})
 }
 
-func (v *validation) run(data []byte) {
-	js, err := yaml.YAMLToJSON(data)
-	if err != nil {
-		v.add(Error, "", RuleYAML, "not valid YAML: %v", err)
-		return
+// written reports whether the user wrote path (or, for a generated
+// message, the field it comes from).
+func (u *unit) written(path string) bool {
+	if u.display != nil {
+		return true
 	}
-	var raw any
-	if err := json.Unmarshal(js, &raw); err != nil {
-		v.add(Error, "", RuleYAML, "not valid YAML: %v", err)
-		return
-	}
-	doc, ok := raw.(map[string]any)
-	if !ok {
-		v.add(Error, "", RuleYAML, "the document must be a YAML mapping, not %s", jsonKind(raw))
-		return
-	}
-	k, ok := detect(doc)
-	if !ok {
-		v.add(Error, "", RuleShape, "not a kind of Envoy document tokengate validates: want a bootstrap "+
-			"(static_resources), a listener (filter_chains), a route configuration (virtual_hosts), an "+
-			"http connection manager (http_filters), an http filter (name + typed_config), or a document with an @type")
-		return
-	}
-	msg := k.new()
-	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, msg); err != nil {
-		path, why := locate(doc, msg.ProtoReflect().Descriptor(), "")
-		if why == "" {
-			why = strings.TrimPrefix(err.Error(), "proto: ")
-		}
-		v.add(Error, path, RuleDecode, "%s", why)
+	return u.t.has(joinPath(u.prefix, path))
+}
+
+// run decodes raw as msg, then checks it.
+func (u *unit) run(raw map[string]any, msg proto.Message) {
+	if !u.decode(raw, msg) {
 		return
 	}
 	if a, ok := msg.(*anypb.Any); ok {
 		inner, err := a.UnmarshalNew()
 		if err != nil { // protojson has resolved the type already
-			v.add(Error, "@type", RuleDecode, "%v", err)
+			u.add(Error, "@type", RuleDecode, "%v", err)
 			return
 		}
 		msg = inner
 	}
 	if b, ok := msg.(*bootstrapv3.Bootstrap); ok {
-		v.bootstrap = b
+		u.bootstrap = b
 	}
-	v.constraints(msg, "")
-	v.walk(msg.ProtoReflect(), doc, "")
-	v.check()
+	u.constraints(msg, "")
+	u.walk(msg.ProtoReflect(), raw, "")
+	u.check()
+}
+
+// decode decodes raw into msg as Envoy would (YAML → JSON → proto). On
+// failure it reports the first field that fails, by path.
+func (u *unit) decode(raw map[string]any, msg proto.Message) bool {
+	js, err := json.Marshal(raw)
+	if err != nil { // the tree holds only JSON values
+		u.add(Error, "", RuleDecode, "%v", err)
+		return false
+	}
+	err = protojson.UnmarshalOptions{}.Unmarshal(js, msg)
+	if err == nil {
+		return true
+	}
+	path, why := locate(raw, msg.ProtoReflect().Descriptor(), "")
+	if why == "" {
+		why = protojsonReason(err)
+	}
+	u.add(Error, path, RuleDecode, "%s", why)
+	return false
+}
+
+// protojsonOffset is the "(line 1:34)" protojson puts in its errors: an
+// offset into the JSON Validate made, which would only mislead a user.
+var protojsonOffset = regexp.MustCompile(`\(line \d+:\d+\): `)
+
+func protojsonReason(err error) string {
+	s := strings.TrimPrefix(err.Error(), "proto:")
+	s = strings.TrimSpace(s)
+	return protojsonOffset.ReplaceAllString(s, "")
 }
 
 // constraints runs Envoy's field constraints (protoc-gen-validate) on msg.
 // They do not descend into Any fields; walk calls constraints for each
 // unpacked typed_config.
-func (v *validation) constraints(msg proto.Message, path string) {
+func (u *unit) constraints(msg proto.Message, path string) {
 	va, ok := msg.(interface{ ValidateAll() error })
 	if !ok {
 		return
 	}
-	v.flatten(va.ValidateAll(), path)
+	u.flatten(va.ValidateAll(), path)
 }
 
 // pgvError is the shape of every protoc-gen-validate error type.
@@ -236,56 +397,62 @@ type pgvError interface {
 	Cause() error
 }
 
-func (v *validation) flatten(err error, path string) {
+func (u *unit) flatten(err error, path string) {
 	if err == nil {
 		return
 	}
 	if m, ok := err.(interface{ AllErrors() []error }); ok {
 		for _, e := range m.AllErrors() {
-			v.flatten(e, path)
+			u.flatten(e, path)
 		}
 		return
 	}
 	var pe pgvError
 	if !errors.As(err, &pe) {
-		v.add(Error, path, RuleEnvoy, "%v", err)
+		u.constraint(path, "%v", err)
 		return
 	}
 	p := joinPath(path, pgvField(pe.Field()))
 	if c := pe.Cause(); c != nil {
 		if _, ok := c.(interface{ AllErrors() []error }); ok {
-			v.flatten(c, p)
+			u.flatten(c, p)
 			return
 		}
 		var inner pgvError
 		if errors.As(c, &inner) {
-			v.flatten(c, p)
+			u.flatten(c, p)
 			return
 		}
-		v.add(Error, p, RuleEnvoy, "%s: %v", pe.Reason(), c)
+		u.constraint(p, "%s: %v", pe.Reason(), c)
 		return
 	}
-	v.add(Error, p, RuleEnvoy, "%s", pe.Reason())
+	u.constraint(p, "%s", pe.Reason())
+}
+
+// constraint reports a broken field constraint, except, in a partial
+// message, on a field the user did not write.
+func (u *unit) constraint(path, format string, args ...any) {
+	if u.partial && !u.written(path) {
+		return
+	}
+	u.add(Error, path, RuleEnvoy, format, args...)
 }
 
 // pgvField turns a protoc-gen-validate field name ("HttpFilters[1]",
-// `TypedPerFilterConfig["x"]`) into its proto spelling ("http_filters[1]").
+// "TypedPerFilterConfig[x.y]") into its proto spelling ("http_filters[1]",
+// `typed_per_filter_config["x.y"]`).
 func pgvField(f string) string {
 	name, rest := f, ""
 	if i := strings.IndexByte(f, '['); i >= 0 {
 		name, rest = f[:i], f[i:]
 	}
-	var b strings.Builder
-	for i, r := range name {
-		if unicode.IsUpper(r) {
-			if i > 0 {
-				b.WriteByte('_')
-			}
-			r = unicode.ToLower(r)
+	if strings.HasPrefix(rest, "[") && strings.HasSuffix(rest, "]") && !strings.HasPrefix(rest, `["`) {
+		key := rest[1 : len(rest)-1]
+		if _, err := strconv.Atoi(key); err != nil {
+			rest = "[" + strconv.Quote(key) + "]"
 		}
-		b.WriteRune(r)
 	}
-	return b.String() + rest
+	return snakeCase(name) + rest
 }
 
 func joinPath(path, field string) string {
@@ -312,7 +479,7 @@ func jsonKind(v any) string {
 		return "a list"
 	case string:
 		return "a string"
-	case float64:
+	case json.Number, float64:
 		return "a number"
 	case bool:
 		return "a boolean"
@@ -334,7 +501,8 @@ func rawField(m map[string]any, fd protoreflect.FieldDescriptor) any {
 
 // locate finds where a document fails to decode, for a message that names
 // the field: protojson only reports a byte offset in the converted JSON. It
-// returns the YAML path and the reason, or "" when it cannot tell.
+// returns the path and the reason, or "" when it cannot tell. When several
+// fields fail, the first in key order is reported, as Envoy reports one.
 func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, string) {
 	if md.FullName() == "google.protobuf.Any" {
 		m, ok := raw.(map[string]any)
@@ -349,7 +517,8 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 		if err != nil {
 			return joinPath(path, "@type"), fmt.Sprintf("unknown @type %q: not an Envoy type, or an "+
 				"extension tokengate does not ship (validate knows http_connection_manager, ext_proc, "+
-				"router, health_check, upstream http protocol options, file and stdout access loggers)", url)
+				"router, health_check, upstream http protocol options, TLS transport sockets, file and "+
+				"stdout access loggers)", url)
 		}
 		inner := make(map[string]any, len(m))
 		for k, x := range m {
@@ -358,9 +527,6 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 			}
 		}
 		return locate(inner, mt.Descriptor(), path)
-	}
-	if strings.HasPrefix(string(md.FullName()), "google.protobuf.") {
-		return "", "" // well-known types have their own JSON forms
 	}
 	m, ok := raw.(map[string]any)
 	if !ok {
@@ -372,6 +538,8 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 	}
 	slices.Sort(keys)
 	fields := md.Fields()
+	seen := map[protoreflect.FieldDescriptor]string{}
+	oneofs := map[protoreflect.OneofDescriptor]string{}
 	for _, k := range keys {
 		fd := fields.ByName(protoreflect.Name(k))
 		if fd == nil {
@@ -380,10 +548,20 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 		if fd == nil {
 			return joinPath(path, k), fmt.Sprintf("unknown field %q in %s", k, md.FullName())
 		}
-		x := m[k]
 		p := joinPath(path, string(fd.Name()))
+		if other, dup := seen[fd]; dup {
+			return p, fmt.Sprintf("field %s is written twice, as %q and %q", fd.Name(), other, k)
+		}
+		seen[fd] = k
+		x := m[k]
 		if x == nil {
 			continue
+		}
+		if od := fd.ContainingOneof(); od != nil && !od.IsSynthetic() {
+			if other, dup := oneofs[od]; dup {
+				return p, fmt.Sprintf("%s and %s are alternatives (one of %s); set only one", other, fd.Name(), od.Name())
+			}
+			oneofs[od] = string(fd.Name())
 		}
 		switch {
 		case fd.IsList():
@@ -392,7 +570,7 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 				return p, fmt.Sprintf("want a list, got %s", jsonKind(x))
 			}
 			for i, e := range list {
-				if at, why := locateValue(e, fd, indexPath(p, i)); why != "" {
+				if at, why := locateValue(md, fd, e, indexPath(p, i), true); why != "" {
 					return at, why
 				}
 			}
@@ -401,13 +579,18 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 			if !ok {
 				return p, fmt.Sprintf("want a mapping, got %s", jsonKind(x))
 			}
-			for mk, e := range mm {
-				if at, why := locateValue(e, fd.MapValue(), keyPath(p, mk)); why != "" {
+			mk := make([]string, 0, len(mm))
+			for k := range mm {
+				mk = append(mk, k)
+			}
+			slices.Sort(mk)
+			for _, k := range mk {
+				if at, why := locateMapEntry(md, fd, k, mm[k], keyPath(p, k)); why != "" {
 					return at, why
 				}
 			}
 		default:
-			if at, why := locateValue(x, fd, p); why != "" {
+			if at, why := locateValue(md, fd, x, p, false); why != "" {
 				return at, why
 			}
 		}
@@ -415,52 +598,102 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 	return "", ""
 }
 
-func locateValue(x any, fd protoreflect.FieldDescriptor, path string) (string, string) {
-	switch fd.Kind() {
-	case protoreflect.MessageKind, protoreflect.GroupKind:
+// locateValue checks one value of field fd of message md: a message by
+// recursion, anything else by decoding it alone, as protojson would.
+func locateValue(md protoreflect.MessageDescriptor, fd protoreflect.FieldDescriptor, x any, path string, inList bool) (string, string) {
+	if x == nil {
+		return "", ""
+	}
+	if k := fd.Kind(); (k == protoreflect.MessageKind || k == protoreflect.GroupKind) && !isWellKnown(fd.Message()) {
 		return locate(x, fd.Message(), path)
-	case protoreflect.EnumKind:
-		s, ok := x.(string)
-		if !ok {
-			return "", ""
-		}
-		if fd.Enum().Values().ByName(protoreflect.Name(s)) == nil {
-			var names []string
-			vals := fd.Enum().Values()
-			for i := range vals.Len() {
-				names = append(names, string(vals.Get(i).Name()))
-			}
-			return path, fmt.Sprintf("unknown value %q; want one of %s", s, strings.Join(names, ", "))
+	}
+	if fd.Kind() == protoreflect.EnumKind {
+		if s, ok := x.(string); ok && fd.Enum().Values().ByName(protoreflect.Name(s)) == nil {
+			return path, fmt.Sprintf("unknown value %q for %s; want one of %s", s, fd.Name(), enumNames(fd.Enum()))
 		}
 	}
+	if inList {
+		x = []any{x}
+	}
+	if why := leafError(md, fd, x); why != "" {
+		return path, why
+	}
 	return "", ""
+}
+
+func locateMapEntry(md protoreflect.MessageDescriptor, fd protoreflect.FieldDescriptor, key string, x any, path string) (string, string) {
+	v := fd.MapValue()
+	if k := v.Kind(); (k == protoreflect.MessageKind || k == protoreflect.GroupKind) && !isWellKnown(v.Message()) {
+		return locate(x, v.Message(), path)
+	}
+	if why := leafError(md, fd, map[string]any{key: x}); why != "" {
+		return path, why
+	}
+	return "", ""
+}
+
+func enumNames(ed protoreflect.EnumDescriptor) string {
+	vals := ed.Values()
+	names := make([]string, vals.Len())
+	for i := range vals.Len() {
+		names[i] = string(vals.Get(i).Name())
+	}
+	return strings.Join(names, ", ")
+}
+
+// isWellKnown reports whether md is a google.protobuf type with its own JSON
+// form (Duration, Struct, wrappers...); Any is handled by locate.
+func isWellKnown(md protoreflect.MessageDescriptor) bool {
+	return strings.HasPrefix(string(md.FullName()), "google.protobuf.") && md.FullName() != "google.protobuf.Any"
+}
+
+// leafError decodes {field: x} into a fresh md and returns protojson's
+// complaint, with the field named in proto spelling; "" when it decodes.
+func leafError(md protoreflect.MessageDescriptor, fd protoreflect.FieldDescriptor, x any) string {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.FullName())
+	if err != nil {
+		return ""
+	}
+	js, err := json.Marshal(map[string]any{fd.JSONName(): x})
+	if err != nil {
+		return ""
+	}
+	if err := protojson.Unmarshal(js, mt.New().Interface()); err != nil {
+		why := protojsonReason(err)
+		why = strings.ReplaceAll(why, "field "+fd.JSONName()+":", "field "+string(fd.Name())+":")
+		if fd.Kind() == protoreflect.MessageKind { // a wrapper names its own field, "value"
+			why = strings.ReplaceAll(why, "field value:", "field "+string(fd.Name())+":")
+		}
+		return why
+	}
+	return ""
 }
 
 // walk visits every set message field of m, unpacking Any values, and
 // records the messages the tokengate checks need. raw is the decoded YAML of
 // m (nil when unknown), used to tell a field set to its default from an
 // absent one.
-func (v *validation) walk(m protoreflect.Message, raw any, path string) {
+func (u *unit) walk(m protoreflect.Message, raw any, path string) {
 	rawMap, _ := raw.(map[string]any)
 	if a, ok := m.Interface().(*anypb.Any); ok {
 		inner, err := a.UnmarshalNew()
 		if err != nil {
-			v.add(Error, path, RuleDecode, "cannot unpack %s: %v", a.GetTypeUrl(), err)
+			u.add(Error, path, RuleDecode, "cannot unpack %s: %v", a.GetTypeUrl(), err)
 			return
 		}
-		v.constraints(inner, path)
-		v.walk(inner.ProtoReflect(), raw, path)
+		u.constraints(inner, path)
+		u.walk(inner.ProtoReflect(), raw, path)
 		return
 	}
 	switch x := m.Interface().(type) {
 	case *extprocv3.ExternalProcessor:
-		v.extProcs = append(v.extProcs, extProcAt{path, x, rawMap})
+		u.extProcs = append(u.extProcs, extProcAt{path, x, rawMap})
 	case *extprocv3.ExtProcPerRoute:
-		v.perRoutes = append(v.perRoutes, perRouteAt{path, x})
+		u.perRoutes = append(u.perRoutes, perRouteAt{path, x})
 	case *hcmv3.HttpConnectionManager:
-		v.hcms = append(v.hcms, hcmAt{path, x})
+		u.hcms = append(u.hcms, hcmAt{path, x})
 	case *routev3.RouteConfiguration:
-		v.routeCfgs = append(v.routeCfgs, routeCfgAt{path, x})
+		u.routeCfgs = append(u.routeCfgs, routeCfgAt{path, x})
 	}
 	m.Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
 		if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind {
@@ -477,7 +710,7 @@ func (v *validation) walk(m protoreflect.Message, raw any, path string) {
 				if i < len(rawList) {
 					r = rawList[i]
 				}
-				v.walk(list.Get(i).Message(), r, indexPath(p, i))
+				u.walk(list.Get(i).Message(), r, indexPath(p, i))
 			}
 		case fd.IsMap():
 			if k := fd.MapValue().Kind(); k != protoreflect.MessageKind && k != protoreflect.GroupKind {
@@ -486,12 +719,25 @@ func (v *validation) walk(m protoreflect.Message, raw any, path string) {
 			rawM, _ := rawChild.(map[string]any)
 			val.Map().Range(func(k protoreflect.MapKey, e protoreflect.Value) bool {
 				key := k.String()
-				v.walk(e.Message(), rawM[key], keyPath(p, key))
+				u.walk(e.Message(), rawM[key], keyPath(p, key))
 				return true
 			})
 		default:
-			v.walk(val.Message(), rawChild, p)
+			u.walk(val.Message(), rawChild, p)
 		}
 		return true
 	})
+}
+
+// grpcMetadataPolicies records the policy names a list of gRPC initial
+// metadata carries.
+func (u *unit) grpcMetadataPolicies(md []*corev3.HeaderValue, path string) {
+	for i, h := range md {
+		v := h.GetValue()
+		field := "value"
+		if v == "" && len(h.GetRawValue()) > 0 {
+			v, field = string(h.GetRawValue()), "raw_value"
+		}
+		u.policies = append(u.policies, policyAt{joinPath(indexPath(path, i), field), strings.ToLower(h.GetKey()), v})
+	}
 }

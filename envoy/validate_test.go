@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,49 +16,66 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// finding is the part of a Problem a fixture pins: where, which rule, how bad.
+// finding is the part of a Problem a fixture pins: how bad, which rule,
+// where in the file, which field.
 type finding struct {
-	Severity Severity
-	Rule     string
-	Path     string
+	Severity     Severity
+	Rule         string
+	Line, Column int
+	Path         string
 }
 
-// expectation is one "# want: RULE at PATH: MESSAGE" (an error) or
-// "# warn: ..." (a warning) line at the top of a fixture. MESSAGE is a
-// substring of the problem's message.
+// expectation is one "# want: RULE at LINE:COL PATH: MESSAGE" (an error)
+// or "# warn: ..." (a warning) line at the top of a fixture; PATH "-" is
+// the whole document. MESSAGE is a substring of the problem's message.
 type expectation struct {
 	finding
 	message string
 }
 
-func readExpectations(t *testing.T, data []byte) []expectation {
+// fixture is a test file with its expectations and, from a
+// "# policies: a, b" line, the policies of a tokengate configuration to
+// check it against.
+type fixture struct {
+	wants    []expectation
+	policies []string
+}
+
+var expectationRE = regexp.MustCompile(`^# (want|warn): (\S+) at (\d+):(\d+) (\S+): (.+)$`)
+
+func readFixture(t *testing.T, data []byte) fixture {
 	t.Helper()
-	var out []expectation
+	var out fixture
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		line := sc.Text()
 		if !strings.HasPrefix(line, "#") {
 			break
 		}
-		var sev Severity
-		var rest string
-		switch {
-		case strings.HasPrefix(line, "# want: "):
-			sev, rest = Error, strings.TrimPrefix(line, "# want: ")
-		case strings.HasPrefix(line, "# warn: "):
-			sev, rest = Warning, strings.TrimPrefix(line, "# warn: ")
-		default:
+		if names, ok := strings.CutPrefix(line, "# policies:"); ok {
+			for _, n := range strings.Split(names, ",") {
+				out.policies = append(out.policies, strings.TrimSpace(n))
+			}
 			continue
 		}
-		rule, where, ok := strings.Cut(rest, " at ")
-		if !ok {
-			t.Fatalf("malformed expectation %q: want \"# want: RULE at PATH: MESSAGE\"", line)
+		if !strings.HasPrefix(line, "# want:") && !strings.HasPrefix(line, "# warn:") {
+			continue
 		}
-		path, msg, ok := strings.Cut(where, ": ")
-		if !ok {
-			t.Fatalf("malformed expectation %q: want \"# want: RULE at PATH: MESSAGE\"", line)
+		m := expectationRE.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("malformed expectation %q: want \"# want: RULE at LINE:COL PATH: MESSAGE\"", line)
 		}
-		out = append(out, expectation{finding{sev, rule, path}, msg})
+		sev := Error
+		if m[1] == "warn" {
+			sev = Warning
+		}
+		l, _ := strconv.Atoi(m[3]) // the pattern admits digits only
+		c, _ := strconv.Atoi(m[4])
+		path := m[5]
+		if path == "-" {
+			path = ""
+		}
+		out.wants = append(out.wants, expectation{finding{sev, m[2], l, c, path}, m[6]})
 	}
 	return out
 }
@@ -64,13 +83,14 @@ func readExpectations(t *testing.T, data []byte) []expectation {
 func findings(ps []Problem) []finding {
 	var out []finding
 	for _, p := range ps {
-		out = append(out, finding{p.Severity, p.Rule, p.Path})
+		out = append(out, finding{p.Severity, p.Rule, p.Line, p.Column, p.Path})
 	}
 	return out
 }
 
 // TestValidateInvalid runs one fixture per class of problem; each names the
-// problems it must produce, and no others.
+// problems it must produce, with severity, rule, line, column and field
+// path, and no others.
 func TestValidateInvalid(t *testing.T) {
 	files, err := filepath.Glob("testdata/invalid/*.yaml")
 	if err != nil || len(files) == 0 {
@@ -82,19 +102,23 @@ func TestValidateInvalid(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wants := readExpectations(t, data)
-			if len(wants) == 0 {
+			fx := readFixture(t, data)
+			if len(fx.wants) == 0 {
 				t.Fatalf("fixture has no \"# want:\" or \"# warn:\" line")
 			}
-			got := Validate(file, data)
+			var opts Options
+			if fx.policies != nil {
+				opts.Policies = []PolicySet{{File: "tokengate.yaml", Names: fx.policies}}
+			}
+			got := Check(file, data, opts).Problems
 			var want []finding
-			for _, w := range wants {
+			for _, w := range fx.wants {
 				want = append(want, w.finding)
 			}
 			if diff := cmp.Diff(want, findings(got)); diff != "" {
 				t.Fatalf("Validate(%s) findings (-want +got):\n%s\nproblems:\n%s", file, diff, problemList(got))
 			}
-			for i, w := range wants {
+			for i, w := range fx.wants {
 				p := got[i]
 				if !strings.Contains(p.Message, w.message) {
 					t.Errorf("problem %d message = %q, want it to contain %q", i, p.Message, w.message)
@@ -104,7 +128,7 @@ func TestValidateInvalid(t *testing.T) {
 				}
 			}
 			wantFail := false
-			for _, w := range wants {
+			for _, w := range fx.wants {
 				wantFail = wantFail || w.Severity == Error
 			}
 			if HasErrors(got) != wantFail {
@@ -141,19 +165,40 @@ func TestValidateValid(t *testing.T) {
 	}
 }
 
-// TestShippedConfigs: the recommended bootstrap is clean; the STREAMED
-// fallback carries exactly the documented warning and no error.
+// at returns the 1-based line and column where needle starts in data,
+// found by plain text search, to cross-check positions found through YAML.
+func at(t *testing.T, data []byte, needle string) (int, int) {
+	t.Helper()
+	i := bytes.Index(data, []byte(needle))
+	if i < 0 {
+		t.Fatalf("%q not found", needle)
+	}
+	line := bytes.Count(data[:i], []byte("\n")) + 1
+	col := i - bytes.LastIndexByte(data[:i], '\n')
+	return line, col
+}
+
+// TestShippedConfigs: the shipped bootstraps have no error. Both carry the
+// warning that the compose stack's hop to tokengate is plaintext; the
+// STREAMED fallback also the documented warning about its cut-off.
 func TestShippedConfigs(t *testing.T) {
+	const filter = "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config"
+	tlsWarning := func(data []byte) finding {
+		l, c := at(t, data, "name: tokengate\n    type: STRICT_DNS")
+		return finding{Warning, RuleGRPCTLS, l, c, "static_resources.clusters[1].transport_socket"}
+	}
+	rec, fallback := Recommended(), StreamedFallback()
+	l, c := at(t, fallback, "response_body_mode: STREAMED")
 	tests := []struct {
 		name string
 		data []byte
 		want []finding
 	}{
-		{RecommendedFile, Recommended(), nil},
-		{StreamedFallbackFile, StreamedFallback(), []finding{{
-			Warning, RuleProcessingMode,
-			"static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.processing_mode.response_body_mode",
-		}}},
+		{RecommendedFile, rec, []finding{tlsWarning(rec)}},
+		{StreamedFallbackFile, fallback, []finding{
+			{Warning, RuleStreamedResp, l, c, filter + ".processing_mode.response_body_mode"},
+			tlsWarning(fallback),
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -221,6 +266,12 @@ func TestLooksLikeEnvoy(t *testing.T) {
 		{"list", "- a\n- b\n", false},
 		{"broken", "a: [\n", false},
 		{"empty", "", false},
+		{"istio manifest", "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\n", true},
+		{"any manifest", "apiVersion: v1\nkind: ConfigMap\n", true},
+		{"apiVersion alone", "apiVersion: v1\npolicies: []\n", false},
+		{"second document", "policies: []\n---\nname: l\nfilter_chains: []\n", true},
+		{"after a syntax error", "name: l\nfilter_chains: []\n---\na: [\n", true},
+		{"comments only", "# nothing\n---\n# here\n", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -237,8 +288,11 @@ func TestProblemError(t *testing.T) {
 		want string
 	}{
 		{Problem{File: "e.yaml", Path: "a.b[0]", Rule: "r", Message: "m"}, "e.yaml: a.b[0]: m (r)"},
+		{Problem{File: "e.yaml", Line: 3, Column: 7, Path: "a.b[0]", Rule: "r", Message: "m"}, "e.yaml:3:7: a.b[0]: m (r)"},
+		{Problem{File: "e.yaml", Line: 3, Rule: "r", Message: "m"}, "e.yaml:3: m (r)"},
 		{Problem{File: "e.yaml", Rule: "r", Message: "m"}, "e.yaml: m (r)"},
-		{Problem{File: "e.yaml", Path: "p", Rule: "r", Message: "m", Severity: Warning}, "e.yaml: p: warning: m (r)"},
+		{Problem{File: "e.yaml", Line: 9, Column: 2, Path: "p", Rule: "r", Message: "m", Severity: Warning}, "e.yaml:9:2: warning: p: m (r)"},
+		{Problem{Rule: "r", Message: "m"}, "m (r)"},
 	}
 	for _, tt := range tests {
 		if got := tt.p.Error(); got != tt.want {
@@ -252,6 +306,8 @@ func TestPGVField(t *testing.T) {
 		"HttpFilters[1]":                   "http_filters[1]",
 		"MessageTimeout":                   "message_timeout",
 		`TypedPerFilterConfig["x.y"]`:      `typed_per_filter_config["x.y"]`,
+		"TypedPerFilterConfig[x.y]":        `typed_per_filter_config["x.y"]`,
+		"Http2ProtocolOptions":             "http2_protocol_options",
 		"Name":                             "name",
 		"PerConnectionBufferLimitBytes[0]": "per_connection_buffer_limit_bytes[0]",
 		"":                                 "",

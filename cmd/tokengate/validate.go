@@ -3,42 +3,79 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/envoy"
 )
 
-// runValidate checks tokengate configuration files and Envoy YAML (bootstrap
-// files and bare listener, route or filter snippets). It prints every problem
-// with file, path and rule, and fails if any file has an error.
+const validateUsage = `usage: tokengate validate [--strict] FILE...
+
+Checks tokengate configuration files and Envoy configuration: bootstrap files,
+bare listener, route, cluster or filter snippets, and Kubernetes manifests that
+carry Envoy configuration (Istio EnvoyFilter, Envoy Gateway EnvoyExtensionPolicy).
+Files may hold several YAML documents. Given a tokengate configuration and Envoy
+files together, every policy the Envoy files name must exist in it.
+
+Problems print as FILE:LINE:COLUMN: [warning:] FIELD: MESSAGE (RULE).
+Errors (Envoy would reject the file, or tokengate cannot work with it) fail the
+command with exit status 1; warnings (it works, but loses something) do not.
+
+flags:
+`
+
+// runValidate checks tokengate configuration files and Envoy YAML. It
+// prints every problem with file, position, field and rule, and fails if
+// any file has an error (or, with --strict, a warning).
 func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // a usage error is one line, printed by main
+	strict := fs.Bool("strict", false, "treat warnings as errors")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), validateUsage)
+		fs.PrintDefaults()
+	}
+	files, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return nil
+	}
+	if err != nil {
+		return usageError{"validate: " + err.Error()}
+	}
+	if len(files) == 0 {
 		return usageError{"validate needs at least one file"}
 	}
+
+	// tokengate configurations first: the Envoy files are checked against
+	// the policies they define.
+	type input struct {
+		path  string
+		data  []byte
+		envoy bool
+	}
+	var inputs []input
+	var policies []envoy.PolicySet
 	failed := 0
-	for _, path := range args {
+	for _, path := range files {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", path, err)
 			failed++
 			continue
 		}
-		if envoy.LooksLikeEnvoy(data) {
-			problems := envoy.Validate(path, data)
-			for _, p := range problems {
-				fmt.Fprintln(stderr, p.Error())
-			}
-			if envoy.HasErrors(problems) {
-				failed++
-				continue
-			}
-			fmt.Fprintf(stdout, "%s: valid Envoy configuration\n", path)
+		in := input{path: path, data: data, envoy: envoy.LooksLikeEnvoy(data)}
+		inputs = append(inputs, in)
+		if in.envoy {
 			continue
 		}
-		if _, err := config.Parse(path, data); err != nil {
+		cfg, err := config.Parse(path, data)
+		if err != nil {
 			var ps config.Problems
 			if errors.As(err, &ps) {
 				for _, p := range ps {
@@ -50,11 +87,95 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 			failed++
 			continue
 		}
+		set := envoy.PolicySet{File: path, Key: cfg.PolicyMetadataKey}
+		for _, p := range cfg.Policies {
+			set.Names = append(set.Names, p.Name)
+		}
+		policies = append(policies, set)
 		fmt.Fprintf(stdout, "%s: valid tokengate configuration\n", path)
 	}
+	for _, in := range inputs {
+		if in.envoy && !reportEnvoy(in.path, in.data, envoy.Options{Policies: policies}, *strict, stdout, stderr) {
+			failed++
+		}
+	}
 	if failed > 0 {
-		fmt.Fprintf(stderr, "%d of %d files failed validation\n", failed, len(args))
+		how := ""
+		if *strict {
+			how = " (--strict: warnings count as errors)"
+		}
+		fmt.Fprintf(stderr, "%d of %d files failed validation%s\n", failed, len(files), how)
 		return errReported
 	}
 	return nil
+}
+
+// reportEnvoy checks one Envoy file and prints what it found; it reports
+// whether the file passes.
+func reportEnvoy(path string, data []byte, opts envoy.Options, strict bool, stdout, stderr io.Writer) bool {
+	r := envoy.Check(path, data, opts)
+	warnings := 0
+	for _, p := range r.Problems {
+		fmt.Fprintln(stderr, p.Error())
+		if p.Severity == envoy.Warning {
+			warnings++
+		}
+	}
+	if envoy.HasErrors(r.Problems) || strict && warnings > 0 {
+		return false
+	}
+	for _, m := range r.Modes {
+		if !m.Supported {
+			continue
+		}
+		needs := ""
+		if m.Mode.MinEnvoy != "" {
+			needs = " (Envoy ≥ " + m.Mode.MinEnvoy + ")"
+		}
+		fmt.Fprintf(stdout, "%s:%d:%d: body modes request %v, response %v%s: %s\n",
+			path, m.Line, m.Column, m.Request, m.Response, needs, m.Mode.Recommended)
+	}
+	var what string
+	switch {
+	case len(r.Checked) == 0:
+		what = "nothing to check: " + strings.Join(r.Skipped, ", ") + " carry no Envoy configuration"
+	case len(r.Skipped) == 0:
+		what = "valid Envoy configuration (" + strings.Join(r.Checked, ", ") + ")"
+	default:
+		what = "valid Envoy configuration (" + strings.Join(r.Checked, ", ") + "; " +
+			strings.Join(r.Skipped, ", ") + " not checked: no Envoy configuration)"
+	}
+	if warnings > 0 {
+		what += fmt.Sprintf(", %d warning%s", warnings, plural(warnings))
+	}
+	fmt.Fprintf(stdout, "%s: %s\n", path, what)
+	return true
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// parseInterspersed parses flags that may come before, between or after
+// the positional arguments (as kubectl and envoy accept them) and returns
+// the positional ones; "--" ends the flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
 }
