@@ -112,6 +112,9 @@ func LooksLikeEnvoy(data []byte) bool {
 	docs, _ := parseDocuments(data) // a syntax error leaves the documents read before it
 	for _, d := range docs {
 		t, _ := newTree(d)
+		if t == nil {
+			continue
+		}
 		doc, ok := t.value.(map[string]any)
 		if !ok {
 			continue
@@ -220,6 +223,9 @@ func (c *checker) document(node *yaml.Node) {
 		c.report.Problems = append(c.report.Problems, Problem{
 			File: c.file, Line: e.pos.line, Column: e.pos.col, Path: e.path, Rule: RuleYAML, Message: e.msg,
 		})
+	}
+	if t == nil {
+		return
 	}
 	doc, ok := t.value.(map[string]any)
 	if !ok {

@@ -333,12 +333,17 @@ func FuzzValidate(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		for _, p := range Validate("fuzz.yaml", data) {
+		lines := bytes.Count(data, []byte("\n")) + 1
+		r := Check("fuzz.yaml", data, Options{Policies: []PolicySet{{File: "t.yaml", Names: []string{"default"}}}})
+		for _, p := range r.Problems {
 			if p.File != "fuzz.yaml" || p.Rule == "" || p.Message == "" {
 				t.Fatalf("problem without file, rule or message: %+v", p)
 			}
+			if p.Line < 0 || p.Line > lines || p.Column < 0 {
+				t.Fatalf("problem outside the %d-line input: %+v", lines, p)
+			}
 		}
-		_ = LooksLikeEnvoy(data)
+		_ = LooksLikeEnvoy(data) // must not panic; any answer is fine
 	})
 }
 
@@ -346,7 +351,7 @@ func BenchmarkValidateRecommended(b *testing.B) {
 	data := Recommended()
 	b.ReportAllocs()
 	for b.Loop() {
-		if ps := Validate(RecommendedFile, data); len(ps) != 0 {
+		if ps := Validate(RecommendedFile, data); HasErrors(ps) {
 			b.Fatalf("unexpected problems: %v", ps)
 		}
 	}
@@ -366,5 +371,32 @@ func BenchmarkDecodeOnly(b *testing.B) {
 		if err := protojson.Unmarshal(js, &bs); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestShippedTLSExample: the mTLS transport_socket the shipped files show,
+// commented out, is valid and silences the plaintext warning.
+func TestShippedTLSExample(t *testing.T) {
+	for name, data := range map[string][]byte{RecommendedFile: Recommended(), StreamedFallbackFile: StreamedFallback()} {
+		t.Run(name, func(t *testing.T) {
+			var uncommented []string
+			n := 0
+			for _, line := range strings.Split(string(data), "\n") {
+				if rest, ok := strings.CutPrefix(line, "    #"); ok && (strings.HasPrefix(rest, "transport_socket:") || strings.HasPrefix(rest, "  ")) {
+					line = "    " + rest
+					n++
+				}
+				uncommented = append(uncommented, line)
+			}
+			if n != 12 {
+				t.Fatalf("found %d commented transport_socket lines, want 12", n)
+			}
+			got := Validate(name, []byte(strings.Join(uncommented, "\n")))
+			for _, p := range got {
+				if p.Rule == RuleGRPCTLS || p.Severity == Error {
+					t.Errorf("%v", p)
+				}
+			}
+		})
 	}
 }

@@ -29,9 +29,23 @@ type tree struct {
 // means unknown.
 type position struct{ line, col int }
 
-// maxTreeNodes bounds the values one document may expand to, so that nested
-// aliases cannot make a small file take unbounded memory.
-const maxTreeNodes = 1 << 20
+// A document may expand, through aliases, to at most aliasFactor times the
+// nodes written plus aliasSlack: enough for any sane reuse of anchors, and
+// it keeps nested aliases (a "billion laughs") from making a small file take
+// unbounded time and memory.
+const (
+	aliasFactor = 10
+	aliasSlack  = 10000
+)
+
+// countNodes counts the nodes written in a document, aliases not followed.
+func countNodes(n *yaml.Node) int {
+	c := 1
+	for _, k := range n.Content {
+		c += countNodes(k)
+	}
+	return c
+}
 
 // yamlError is a problem found while reading YAML: a syntax error, a
 // duplicate key, a value JSON cannot carry.
@@ -75,18 +89,23 @@ func syntaxError(err error) *yamlError {
 
 // newTree converts one document node. Problems that make a value
 // unrepresentable (a duplicate key, a non-scalar key, .nan) are returned;
-// the tree is still built from what could be read, so later checks can run.
+// the tree is still built from what could be read, so later checks can run,
+// unless the document is too big, when the tree is nil.
 func newTree(doc *yaml.Node) (*tree, []yamlError) {
-	b := &treeBuilder{t: &tree{pos: map[string]position{}}}
+	b := &treeBuilder{t: &tree{pos: map[string]position{}}, max: aliasFactor*countNodes(doc) + aliasSlack}
 	b.t.pos[canonRoot] = nodePos(doc)
 	b.t.value = b.value(doc, "", canonRoot, 0)
+	if b.tooBig {
+		return nil, b.errs
+	}
 	return b.t, b.errs
 }
 
 type treeBuilder struct {
 	t      *tree
 	errs   []yamlError
-	nodes  int
+	nodes  int // converted so far
+	max    int // nodes allowed
 	tooBig bool
 }
 
@@ -102,10 +121,11 @@ const maxDepth = 512
 // value converts n, found at path (canonical form cpath).
 func (b *treeBuilder) value(n *yaml.Node, path, cpath string, depth int) any {
 	b.nodes++
-	if b.nodes > maxTreeNodes || depth > maxDepth {
+	if b.nodes > b.max || depth > maxDepth {
 		if !b.tooBig {
 			b.tooBig = true
-			b.fail(n, path, "the document expands to too many values (aliases nested too deeply?)")
+			b.fail(n, path, "the document's aliases expand to more than %d values or %d levels; "+
+				"write the repeated parts out", b.max, maxDepth)
 		}
 		return nil
 	}
