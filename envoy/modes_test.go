@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -188,5 +189,32 @@ func TestPolicies(t *testing.T) {
 	slices.Sort(missing)
 	if diff := cmp.Diff([]string{`policy "default"`, `policy "default"`}, missing); diff != "" {
 		t.Errorf("missing policies (-want +got):\n%s", diff)
+	}
+}
+
+// TestIstioMergeIsPartial: a MERGE value may leave out required fields; the
+// same value added whole (ADD) may not.
+func TestIstioMergeIsPartial(t *testing.T) {
+	data, err := os.ReadFile("testdata/valid/istio-merge.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps := Validate("merge.yaml", data); len(ps) != 0 {
+		t.Fatalf("MERGE:\n%s", problemList(ps))
+	}
+	add := strings.Replace(string(data), "applyTo: HTTP_ROUTE\n    match:\n      routeConfiguration: {vhost: {route: {name: batch}}}\n    patch:\n      operation: MERGE",
+		"applyTo: HTTP_ROUTE\n    match:\n      routeConfiguration: {vhost: {route: {name: batch}}}\n    patch:\n      operation: ADD", 1)
+	if add == string(data) {
+		t.Fatal("the fixture no longer has the HTTP_ROUTE MERGE this test changes")
+	}
+	got := findings(Validate("add.yaml", []byte(add)))
+	l, c := at(t, []byte(add), "value:\n        route: {timeout: 0s}")
+	rl, rc := at(t, []byte(add), "route: {timeout: 0s}")
+	want := []finding{
+		{Error, RuleEnvoy, l, c, "spec.configPatches[1].patch.value.match"},
+		{Error, RuleEnvoy, rl, rc, "spec.configPatches[1].patch.value.route.cluster_specifier"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ADD findings (-want +got):\n%s", diff)
 	}
 }

@@ -71,10 +71,12 @@ type Problem struct {
 	// field named by Path, or, when that field is absent, the nearest
 	// enclosing key. Zero when unknown.
 	Line, Column int
-	// Path is the YAML path of the field, with the file's own keys, e.g.
+	// Path is the YAML path of the field, e.g.
 	// static_resources.listeners[0].filter_chains[0]; empty for the whole
-	// document. Keys written in camelCase appear in proto (snake_case)
-	// spelling.
+	// document. Envoy fields are named in proto spelling (typed_config,
+	// also when the file writes typedConfig); Kubernetes fields and keys
+	// with YAML errors as written. For an EnvoyExtensionPolicy it names the
+	// CRD field that produces the Envoy setting at fault.
 	Path     string
 	Rule     string   // one of the Rule* names
 	Message  string   // what is wrong, and what it means for tokengate

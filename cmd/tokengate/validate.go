@@ -138,7 +138,11 @@ func reportEnvoy(path string, data []byte, opts envoy.Options, strict bool, stdo
 	var what string
 	switch {
 	case len(r.Checked) == 0:
-		what = "nothing to check: " + strings.Join(r.Skipped, ", ") + " carry no Envoy configuration"
+		verb := " carry"
+		if len(r.Skipped) == 1 {
+			verb = " carries"
+		}
+		what = "nothing to check: " + strings.Join(r.Skipped, ", ") + verb + " no Envoy configuration"
 	case len(r.Skipped) == 0:
 		what = "valid Envoy configuration (" + strings.Join(r.Checked, ", ") + ")"
 	default:
