@@ -1,0 +1,23 @@
+// Package pricing turns the tokens a request used into money: a price table
+// per model (input, cached input, cache writes, output, reasoning, per
+// million tokens, with an optional long-context tier), shipped defaults for
+// current OpenAI and Anthropic models with the page and day each price was
+// read, and the configuration types that override and extend them.
+//
+// Money is integer micro-units of the table's currency (Micros; 1 USD is
+// 1,000,000) and prices are integer micro-units per million tokens (Rate),
+// both read from decimal strings exactly, never through floating point. A
+// request's cost is the exact sum of tokens × rate, rounded up to a whole
+// micro-unit once, at the end of the request (Price.Cost): never less than
+// the provider bills, less than one micro-unit more, and sums never drift.
+//
+// Models resolve by canonical name (CanonicalModel: case, router prefixes),
+// then aliases, then by the model a dated snapshot belongs to
+// ("gpt-4o-2024-08-06" is priced as "gpt-4o"). A model the table does not
+// price is refused with ErrUnpriced, or priced at a configured fallback:
+// the operator chooses (Config.UnknownModels).
+//
+// Most callers build a Table from Config.Table once, then call
+// Table.Resolve per request, Price.MaxCost to reserve before forwarding and
+// Price.Cost to settle the provider's reported usage.
+package pricing

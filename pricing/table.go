@@ -1,0 +1,356 @@
+package pricing
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrUnpriced is wrapped by the error for a model the table has no price
+// for when unknown models are refused.
+var ErrUnpriced = errors.New("no price for model")
+
+// Entry is one model's prices as written in configuration and in the
+// shipped defaults: decimal strings per million tokens in units of the
+// table's currency, read exactly (ParseRate), so "2.50" is 2,500,000 Micros
+// per million tokens.
+//
+// Input and Output are required. A rate left empty takes the rate a
+// provider bills such tokens at when it has no price of its own for them:
+// CachedInput and CacheWrite default to Input (a provider without a cache
+// discount or surcharge), CacheWriteExtended to CacheWrite, Reasoning to
+// Output (reasoning billed as output, as by every provider today).
+type Entry struct {
+	// Model is the name requests use, matched case-insensitively after
+	// CanonicalModel; dated snapshots of it match too.
+	Model string `yaml:"model"`
+	// Aliases are other names that resolve to this entry, such as an Azure
+	// OpenAI deployment name.
+	Aliases            []string `yaml:"aliases,omitempty"`
+	Input              string   `yaml:"input"`
+	CachedInput        string   `yaml:"cached_input,omitempty"`
+	CacheWrite         string   `yaml:"cache_write,omitempty"`
+	CacheWriteExtended string   `yaml:"cache_write_extended,omitempty"`
+	Output             string   `yaml:"output"`
+	Reasoning          string   `yaml:"reasoning,omitempty"`
+	// LongContext prices a whole request above a prompt length.
+	LongContext *LongContextEntry `yaml:"long_context,omitempty"`
+	// Source is the https page the prices were read from, and Date
+	// (YYYY-MM-DD) the day they were read. Both are required in the
+	// shipped defaults and optional in configuration.
+	Source string `yaml:"source,omitempty"`
+	Date   string `yaml:"date,omitempty"`
+}
+
+// LongContextEntry is Entry's long-context tier: rates for every token of a
+// request whose prompt has more than AboveInputTokens tokens. Input and
+// Output are required; the other rates default within the tier as in
+// Entry, and no rate may be lower than the base rate it replaces.
+type LongContextEntry struct {
+	AboveInputTokens   int    `yaml:"above_input_tokens"`
+	Input              string `yaml:"input"`
+	CachedInput        string `yaml:"cached_input,omitempty"`
+	CacheWrite         string `yaml:"cache_write,omitempty"`
+	CacheWriteExtended string `yaml:"cache_write_extended,omitempty"`
+	Output             string `yaml:"output"`
+	Reasoning          string `yaml:"reasoning,omitempty"`
+}
+
+// FieldError is one problem with one field of a price table, named by its
+// YAML path relative to the table ("models[2].cached_input"), so that the
+// configuration can point at the file and line.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// FieldErrors returns every FieldError joined in err, in order.
+func FieldErrors(err error) []*FieldError {
+	var out []*FieldError
+	var walk func(error)
+	walk = func(err error) {
+		if fe, ok := err.(*FieldError); ok {
+			out = append(out, fe)
+			return
+		}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+		}
+	}
+	walk(err)
+	return out
+}
+
+// problems collects FieldErrors.
+type problems []error
+
+func (p *problems) add(field, format string, args ...any) {
+	*p = append(*p, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (p problems) err() error {
+	if len(p) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidPrice, errors.Join(p...))
+}
+
+// rate parses one rate field into *dst; an empty optional field keeps *dst.
+func (p *problems) rate(field, s string, required bool, dst *Rate) {
+	if s == "" {
+		if required {
+			p.add(field, "required: the price per million tokens, such as 2.50")
+		}
+		return
+	}
+	r, err := parseMicros(s, int64(MaxRate))
+	if err != nil {
+		p.add(field, "%q: %v", s, err)
+		return
+	}
+	*dst = Rate(r)
+}
+
+// rates parses a set of rate fields, filling the optional ones.
+func (p *problems) rates(path string, input, cachedInput, cacheWrite, cacheWriteExtended, output, reasoning string) Rates {
+	var r Rates
+	p.rate(path+"input", input, true, &r.Input)
+	p.rate(path+"output", output, true, &r.Output)
+	r.CachedInput, r.CacheWrite = r.Input, r.Input
+	p.rate(path+"cached_input", cachedInput, false, &r.CachedInput)
+	p.rate(path+"cache_write", cacheWrite, false, &r.CacheWrite)
+	r.CacheWriteExtended = r.CacheWrite
+	p.rate(path+"cache_write_extended", cacheWriteExtended, false, &r.CacheWriteExtended)
+	r.Reasoning = r.Output
+	p.rate(path+"reasoning", reasoning, false, &r.Reasoning)
+	return r
+}
+
+// price checks one entry at path (with a trailing dot, or empty) and
+// resolves it. provenance requires Source and Date.
+func (p *problems) price(path string, e Entry, provenance bool) Price {
+	pr := Price{Model: CanonicalModel(e.Model), Source: e.Source, Date: e.Date}
+	switch {
+	case e.Model == "":
+		p.add(path+"model", "required: the model name requests use, such as gpt-4o")
+	case strings.ContainsAny(pr.Model, " \t\n"):
+		p.add(path+"model", "%q: a model name has no spaces", e.Model)
+	}
+	for i, a := range e.Aliases {
+		if CanonicalModel(a) == "" {
+			p.add(fmt.Sprintf("%saliases[%d]", path, i), "empty alias")
+		}
+	}
+	pr.Rates = p.rates(path, e.Input, e.CachedInput, e.CacheWrite, e.CacheWriteExtended, e.Output, e.Reasoning)
+	if lc := e.LongContext; lc != nil {
+		lp := path + "long_context."
+		if lc.AboveInputTokens <= 0 {
+			p.add(lp+"above_input_tokens", "required: the prompt length in tokens above which these rates apply, such as 200000")
+		}
+		n := len(*p)
+		r := p.rates(lp, lc.Input, lc.CachedInput, lc.CacheWrite, lc.CacheWriteExtended, lc.Output, lc.Reasoning)
+		if len(*p) == n && !r.atLeast(pr.Rates) {
+			p.add(lp[:len(lp)-1], "a long-context rate is lower than the base rate it replaces; a longer prompt never costs less per token")
+		}
+		pr.LongContext = &LongContext{AboveInputTokens: lc.AboveInputTokens, Rates: r}
+	}
+	if e.Source != "" || provenance {
+		if u, err := url.Parse(e.Source); err != nil || u.Scheme != "https" || u.Host == "" {
+			p.add(path+"source", "%q: want the https address of the page the prices were read from", e.Source)
+		}
+	}
+	if e.Date != "" || provenance {
+		if _, err := time.Parse(time.DateOnly, e.Date); err != nil {
+			p.add(path+"date", "%q: want the day the prices were read, as YYYY-MM-DD", e.Date)
+		}
+	}
+	return pr
+}
+
+// Table maps model names to prices. Build one with NewTable, Defaults or
+// Config.Table; the zero Table prices nothing and refuses every model.
+//
+// A Table is immutable, and safe for concurrent use.
+type Table struct {
+	currency string
+	entries  []Entry          // as given, for Merge
+	prices   map[string]Price // by canonical model name and alias
+	fallback *Price           // prices unknown models; nil refuses them
+}
+
+// NewTable checks every entry and builds a table that prices in currency
+// (an ISO 4217 code such as USD). The error joins a FieldError for every
+// problem, with paths "models[i].field".
+func NewTable(currency string, entries []Entry) (*Table, error) {
+	var p problems
+	if !isCurrency(currency) {
+		p.add("currency", "%q: want an ISO 4217 code such as USD", currency)
+	}
+	t := p.build(currency, entries, len(entries), false)
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// build checks entries and builds a table of them. The first named entries
+// are the caller's (indexed in problem paths); the rest come from a table
+// being merged into and are reported through the caller's entries.
+func (p *problems) build(currency string, entries []Entry, named int, provenance bool) *Table {
+	t := &Table{currency: currency, entries: slices.Clone(entries), prices: make(map[string]Price, 2*len(entries))}
+	type claim struct {
+		entry int
+		field string
+	}
+	owner := map[string]claim{}
+	take := func(i int, field, name string) {
+		prev, ok := owner[name]
+		switch {
+		case !ok || prev.entry == i:
+			owner[name] = claim{i, field}
+		case i < named:
+			p.add(field, "%q is already priced by models[%d]", name, prev.entry)
+		default:
+			p.add(prev.field, "%q names an entry of the table merged into; replace that entry by giving its model name instead", name)
+		}
+	}
+	for i, e := range entries {
+		path := fmt.Sprintf("models[%d].", i)
+		pr := p.price(path, e, provenance)
+		if pr.Model == "" {
+			continue
+		}
+		take(i, path+"model", pr.Model)
+		t.prices[pr.Model] = pr
+		for k, a := range e.Aliases {
+			a = CanonicalModel(a)
+			take(i, fmt.Sprintf("%saliases[%d]", path, k), a)
+			if _, ok := t.prices[a]; !ok {
+				t.prices[a] = pr
+			}
+		}
+	}
+	return t
+}
+
+func isCurrency(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for i := 0; i < 3; i++ {
+		if s[i] < 'A' || s[i] > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// Currency is the ISO 4217 code of the table's prices.
+func (t *Table) Currency() string { return t.currency }
+
+// Merge returns a new table with overrides applied: an override replaces
+// the entry of the same model entirely (all its rates, aliases and long
+// context), and an override for a model the table lacks adds it. The
+// receiver is unchanged. The error joins a FieldError for every problem,
+// with paths "models[i].field" indexing overrides.
+func (t *Table) Merge(overrides []Entry) (*Table, error) {
+	var p problems
+	nt := t.merge(&p, overrides)
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return nt, nil
+}
+
+func (t *Table) merge(p *problems, overrides []Entry) *Table {
+	replaced := map[string]bool{}
+	for _, o := range overrides {
+		replaced[CanonicalModel(o.Model)] = true
+	}
+	// Overrides come first, so that problem paths index them.
+	merged := slices.Clone(overrides)
+	for _, e := range t.entries {
+		if !replaced[CanonicalModel(e.Model)] {
+			merged = append(merged, e)
+		}
+	}
+	nt := p.build(t.currency, merged, len(overrides), false)
+	nt.fallback = t.fallback
+	return nt
+}
+
+// WithFallback returns a new table that prices every model it has no entry
+// for at fallback, instead of refusing it.
+func (t *Table) WithFallback(fallback Price) *Table {
+	nt := *t
+	nt.fallback = &fallback
+	return &nt
+}
+
+// Price returns the table's price for model: by its canonical name or an
+// alias, else by the model a dated snapshot belongs to. ok is false when
+// the table has no entry; the fallback does not apply here.
+func (t *Table) Price(model string) (Price, bool) {
+	m := CanonicalModel(model)
+	if p, ok := t.prices[m]; ok {
+		return p, true
+	}
+	if family, ok := snapshotFamily(m); ok {
+		p, ok := t.prices[family]
+		return p, ok
+	}
+	return Price{}, false
+}
+
+// Resolve returns the price of model, or the fallback price for a model
+// the table has no entry for. Without a fallback the error wraps
+// ErrUnpriced.
+func (t *Table) Resolve(model string) (Price, error) {
+	if p, ok := t.Price(model); ok {
+		return p, nil
+	}
+	if t.fallback != nil {
+		return *t.fallback, nil
+	}
+	if model == "" {
+		return Price{}, fmt.Errorf("%w: the request names no model", ErrUnpriced)
+	}
+	return Price{}, fmt.Errorf("%w %q", ErrUnpriced, model)
+}
+
+// Cost is Resolve(model) then Price.Cost(u).
+func (t *Table) Cost(model string, u Usage) (Micros, error) {
+	p, err := t.Resolve(model)
+	if err != nil {
+		return 0, err
+	}
+	return p.Cost(u), nil
+}
+
+// MaxCost is Resolve(model) then Price.MaxCost(inputTokens, outputTokens).
+func (t *Table) MaxCost(model string, inputTokens, outputTokens int) (Micros, error) {
+	p, err := t.Resolve(model)
+	if err != nil {
+		return 0, err
+	}
+	return p.MaxCost(inputTokens, outputTokens), nil
+}
+
+// Models returns the canonical names of the table's entries, sorted.
+func (t *Table) Models() []string {
+	var out []string
+	for name, p := range t.prices {
+		if name == p.Model {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
