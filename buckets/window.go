@@ -125,8 +125,8 @@ func (w Window) String() string {
 // Bounds returns the window that contains now: start <= now < end.
 // Bounds panics if w.Period is not Day, Week or Month.
 func (w Window) Bounds(now time.Time) (start, end time.Time) {
-	first := w.firstDate(now)
-	return w.startOf(first), w.startOf(w.next(first))
+	_, start, end = w.span(now)
+	return start, end
 }
 
 // ID names the window that contains now, for keying a quota's spend in a
@@ -137,7 +137,7 @@ func (w Window) Bounds(now time.Time) (start, end time.Time) {
 // by rule and ID and may let the key expire some slack after the window's
 // end. ID panics if w.Period is not Day, Week or Month.
 func (w Window) ID(now time.Time) string {
-	first := w.firstDate(now)
+	first, _, _ := w.span(now)
 	switch w.Period {
 	case Day:
 		return fmt.Sprintf("%04d-%02d-%02d", first.year, int(first.month), first.day)
@@ -174,23 +174,21 @@ func (w Window) location() *time.Location {
 	return w.Location
 }
 
-// firstDate returns the first date of the window that contains now.
-func (w Window) firstDate(now time.Time) date {
+// span returns the window that contains now: its first date, start and end.
+func (w Window) span(now time.Time) (first date, start, end time.Time) {
 	y, m, d := now.In(w.location()).Date()
-	first := w.align(date{y, m, d})
-	// The clock can fall back across midnight (00:00 to 23:00 of the previous
-	// day): for that hour it shows a date whose window has already ended.
-	// Instants belong to windows by instant, so move on to the window that
-	// holds now. One step suffices for every real zone; the bound keeps a
-	// corrupt zone from looping.
-	for range 3 {
-		next := w.next(first)
-		if now.Before(w.startOf(next)) {
-			break
-		}
-		first = next
+	first = w.align(date{y, m, d})
+	start, end = w.startOf(first), w.startOf(w.next(first))
+	// The clock can fall back across midnight (00:01 to 23:01 of the
+	// previous day): for those minutes it shows a date whose window has
+	// ended. Instants belong to windows by instant, so move on to the window
+	// that holds now. One step suffices for every real zone; the bound keeps
+	// corrupt zone data from looping.
+	for i := 0; i < 3 && !now.Before(end); i++ {
+		first = w.next(first)
+		start, end = end, w.startOf(w.next(first))
 	}
-	return first
+	return first, start, end
 }
 
 // align returns the first date of the window that holds the date d.
@@ -237,6 +235,15 @@ func (w Window) next(d date) date {
 func (w Window) startOf(d date) time.Time {
 	loc := w.location()
 	guess := time.Date(d.year, d.month, d.day, 0, 0, 0, 0, loc)
+	// The common case: guess shows d's midnight, and the zone period holding
+	// it began long enough before that no earlier period can show d (offsets
+	// differ by less than 25 hours). Days after a transition take the slow
+	// path.
+	if y, mo, day := guess.Date(); y == d.year && mo == d.month && day == d.day && guess.Hour() == 0 && guess.Minute() == 0 && guess.Second() == 0 {
+		if begin, _ := guess.ZoneBounds(); begin.IsZero() || !begin.After(guess.Add(-25*time.Hour)) {
+			return guess
+		}
+	}
 	// UTC offsets stay within a day of UTC, so the answer lies within two
 	// days of guess.
 	midnight := time.Date(d.year, d.month, d.day, 0, 0, 0, 0, time.UTC).Unix()

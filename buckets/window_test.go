@@ -441,3 +441,25 @@ func ExampleWindow_Bounds() {
 	// Retry-After: 1
 	// 2026-04
 }
+
+// BenchmarkWindowBounds measures what a quota costs per request in window
+// arithmetic: Bounds and ID, against time.Date as a yardstick.
+func BenchmarkWindowBounds(b *testing.B) {
+	w := mustWindow(b, "month", "Europe/Amsterdam")
+	now := utc("2026-03-29T01:30:00Z")
+	b.Run("Bounds+ID", func(b *testing.B) {
+		for b.Loop() {
+			start, _ := w.Bounds(now)
+			if start.IsZero() || w.ID(now) == "" {
+				b.Fatal("no window")
+			}
+		}
+	})
+	b.Run("time.Date", func(b *testing.B) {
+		for b.Loop() {
+			if time.Date(2026, 3, 1, 0, 0, 0, 0, w.Location).IsZero() {
+				b.Fatal("zero")
+			}
+		}
+	})
+}
