@@ -3,6 +3,7 @@ package provider
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -1136,7 +1137,19 @@ func FuzzCloseResponses(f *testing.F) {
 		closing := s.Close(Usage{InputTokens: 1, OutputTokens: 2})
 		var cf Framer
 		cf.Feed(closing)
+		var events [][]byte
 		for ev, ok := cf.Next(); ok; ev, ok = cf.Next() {
+			events = append(events, ev)
+		}
+		// With CR line ends the last event waits for Flush: CR LF is one
+		// line end.
+		if tail := cf.Flush(); tail != nil {
+			if !endsWithBlankLine(tail) {
+				t.Fatalf("incomplete closing event %q", tail)
+			}
+			events = append(events, tail)
+		}
+		for _, ev := range events {
 			data, _, n := (&Stream{}).eventData(ev)
 			if n != 1 || !json.Valid(data) {
 				t.Fatalf("closing event is not one JSON data field: %q", ev)
@@ -1146,8 +1159,45 @@ func FuzzCloseResponses(f *testing.F) {
 				t.Fatalf("SDK cannot read closing event %q: %v", data, err)
 			}
 		}
-		if len(cf.Pending()) > 0 {
-			t.Fatalf("incomplete closing event %q", cf.Pending())
+	})
+}
+
+// FuzzGeminiArrayCut frames an arbitrary body as a Gemini JSON array and
+// cuts it after an arbitrary element, withheld or not: errors wrap
+// ErrMalformed, events are forwarded unchanged, and when the body is a JSON
+// array of objects, what the client receives is a JSON array too.
+func FuzzGeminiArrayCut(f *testing.F) {
+	f.Add([]byte("[{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"a\"}]}}]}\n,\r\n{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"b\"}]},\"finishReason\":\"STOP\"}]}\n]"), uint8(1), false)
+	f.Add([]byte("[{\"candidates\":[{\"index\":1},{\"index\":0,\"finishReason\":\"STOP\"}]}]"), uint8(1), true)
+	f.Add([]byte(" [ ] "), uint8(3), false)
+	f.Fuzz(func(t *testing.T, body []byte, cutAfter uint8, withhold bool) {
+		var fr Framer
+		fr.Reset(JSONArray)
+		fr.Feed(body)
+		s := NewFramedStream(tokenizer.Gemini, JSONArray, false, false)
+		var client []byte
+		for n := 0; n < int(cutAfter); n++ {
+			ev, ok := fr.Next()
+			if !ok {
+				break
+			}
+			e, err := s.Observe(ev)
+			if err != nil && !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			if !bytes.Equal(e.Forward, ev) {
+				t.Fatalf("Forward = %q, want the event %q", e.Forward, ev)
+			}
+			if withhold && n == int(cutAfter)-1 {
+				s.Withhold()
+				break
+			}
+			client = append(client, ev...)
+		}
+		client = append(client, s.Close(Usage{InputTokens: 1, OutputTokens: 2})...)
+		var objects []map[string]any
+		if json.Unmarshal(body, &objects) == nil && !json.Valid(client) {
+			t.Fatalf("body %q cut after %d events gives the client %q, not JSON", body, cutAfter, client)
 		}
 	})
 }

@@ -130,7 +130,8 @@ func (o *respOutput) commit() {
 				o.kept -= p[k].size()
 			}
 		}
-		it.added, it.args, it.parts, it.summary = nil, nil, nil, nil
+		// The id aliases added; closing events no longer need it.
+		it.added, it.id, it.args, it.parts, it.summary = nil, nil, nil, nil, nil
 	}
 	o.undo = respUndo{}
 }

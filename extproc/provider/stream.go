@@ -37,8 +37,10 @@ type Event struct {
 // for (S15), and remembers what it needs to end the stream cleanly at a
 // length cut-off (S14).
 //
-// Create one with NewStream per response; the zero value reads nothing and
-// forwards every event untouched. A Stream is owned by one goroutine; it is
+// Create one with NewStream (or NewFramedStream) per response; the zero
+// value reads nothing and forwards every event untouched. For the Responses
+// API it keeps the output delivered, up to 1 MiB, to repeat it
+// at a cut-off; other formats keep a few fields. A Stream is owned by one goroutine; it is
 // not safe for concurrent use.
 type Stream struct {
 	api         tokenizer.API
