@@ -1,8 +1,6 @@
 package provider
 
-import (
-	"fmt"
-)
+import "fmt"
 
 // The Responses API ends a stream cut at max_output_tokens with
 // response.incomplete, whose response carries the whole output delivered
@@ -14,9 +12,10 @@ import (
 
 // maxKeptOutput bounds the output a Stream keeps per Responses stream: the
 // bytes of items, parts and delivered text. It is what the client received,
-// so a hard output budget bounds it too; a million bytes holds far more text
-// than any model writes in one response, but not always a generated image.
-// Past it the Stream keeps nothing more, and a cut-off ends the stream with
+// so a hard output budget bounds it too. 1 MiB is some 250 000 tokens of
+// English text, about twice the largest output cap of current models, but
+// not always enough for a generated image (base64). Past it the Stream drops
+// what it kept and keeps nothing more, and a cut-off ends the stream with
 // response.incomplete alone, its output empty.
 const maxKeptOutput = 1 << 20
 

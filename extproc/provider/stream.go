@@ -39,9 +39,9 @@ type Event struct {
 //
 // Create one with NewStream (or NewFramedStream) per response; the zero
 // value reads nothing and forwards every event untouched. For the Responses
-// API it keeps the output delivered, up to 1 MiB, to repeat it
-// at a cut-off; other formats keep a few fields. A Stream is owned by one goroutine; it is
-// not safe for concurrent use.
+// API it keeps the output delivered, up to 1 MiB, to repeat it at a
+// cut-off; other formats keep a few fields. A Stream is owned by one
+// goroutine; it is not safe for concurrent use.
 type Stream struct {
 	api         tokenizer.API
 	framing     Framing
