@@ -73,6 +73,19 @@ func BenchmarkObserveAnthropic(b *testing.B) {
 	benchObserve(b, tokenizer.Messages, benchEvents(b, "anthropic/messages-stream-thinking-long"), false)
 }
 
+// BenchmarkObserveResponses200 runs a 200-event Responses stream built from
+// a real one: its opening events, its output_text.delta repeated, and its
+// closing events. Each delta also adds to the output kept for a cut-off.
+func BenchmarkObserveResponses200(b *testing.B) {
+	evs := benchEvents(b, "openai/responses-stream-basic")
+	head, delta, rest := evs[:4], evs[4], evs[5:]
+	out := append([][]byte(nil), head...)
+	for len(out) < 200-len(rest) {
+		out = append(out, delta)
+	}
+	benchObserve(b, tokenizer.Responses, append(out, rest...), false)
+}
+
 // BenchmarkObserveEncodingJSON is the baseline Observe avoids: every event
 // decoded into a map with encoding/json to pick out the delta text.
 func BenchmarkObserveEncodingJSON(b *testing.B) {

@@ -19,12 +19,21 @@ import (
 //   - Anthropic Messages: content_block_stop for an open block, message_delta
 //     with stop_reason "max_tokens" and usage.output_tokens, message_stop
 //     (preceded by a message_start when the upstream sent none).
-//   - OpenAI Responses: response.incomplete with incomplete_details.reason
-//     "max_output_tokens" and the delivered usage.
+//   - OpenAI Responses: for each output item still open, the done events
+//     of its open parts (output_text.done, refusal.done,
+//     reasoning_summary_text.done and the part's content_part.done or
+//     reasoning_summary_part.done) and of its arguments
+//     (function_call_arguments.done and kin), each with what was delivered,
+//     then output_item.done with status "incomplete"; then
+//     response.incomplete with status "incomplete",
+//     incomplete_details.reason "max_output_tokens", the delivered usage and
+//     every item delivered as output, on the response object of
+//     response.created. Sequence numbers follow the last one delivered.
 //   - Gemini: a final chunk with finishReason "MAX_TOKENS" for each open
-//     candidate and usageMetadata built from delivered.
+//     candidate and usageMetadata built from delivered; in a JSON array, as
+//     its last element, followed by the closing bracket.
 //
-// Line ends follow the upstream's (LF, CRLF or CR; LF before any event).
+// SSE line ends follow the upstream's (LF, CRLF or CR; LF before any event).
 // Close returns nil when the stream already ended (a terminal event was
 // observed) or was already closed, and for formats that are not streamed.
 func (s *Stream) Close(delivered Usage) []byte {
@@ -45,7 +54,13 @@ func (s *Stream) Close(delivered Usage) []byte {
 	case tokenizer.Responses:
 		s.closeResponses(&w, delivered)
 	case tokenizer.Gemini:
-		s.closeGemini(&w, delivered)
+		if s.framing == JSONArray {
+			s.closeGeminiArray(&w, delivered)
+		} else {
+			w.begin("")
+			s.geminiChunk(&w, delivered)
+			w.end()
+		}
 	default:
 		return nil
 	}
@@ -201,32 +216,25 @@ func (s *Stream) closeAnthropic(w *eventWriter, u Usage) {
 	w.end()
 }
 
-func (s *Stream) closeResponses(w *eventWriter, u Usage) {
-	w.begin("response.incomplete")
-	w.str(`{"type":"response.incomplete","sequence_number":`)
-	w.int(s.seq + 1)
-	w.str(`,"response":{"id":`)
-	w.raw(s.id, `""`)
-	w.str(`,"object":"response","created_at":`)
-	w.raw(s.created, "0")
-	w.str(`,"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"model":`)
-	w.raw(s.model, `""`)
-	w.str(`,"output":[],"usage":{`)
-	w.member(true, "input_tokens", u.InputTokens)
-	w.str(`,"input_tokens_details":{`)
-	w.member(true, "cached_tokens", u.CachedInputTokens)
-	w.str(`}`)
-	w.member(false, "output_tokens", u.OutputTokens)
-	w.str(`,"output_tokens_details":{`)
-	w.member(true, "reasoning_tokens", u.ReasoningTokens)
-	w.str(`}`)
-	w.member(false, "total_tokens", u.Total())
-	w.str(`}}}`)
-	w.end()
+// closeGeminiArray ends a JSON array: the final chunk as its next element
+// (its first when the opening bracket was not delivered), unless every
+// candidate has finished already, then the closing bracket. The separators
+// are those Gemini sends.
+func (s *Stream) closeGeminiArray(w *eventWriter, u Usage) {
+	switch {
+	case !s.arrayOpen:
+		w.str("[")
+		s.geminiChunk(w, u)
+	case !s.allFinished():
+		w.str("\n,\r\n")
+		s.geminiChunk(w, u)
+	}
+	w.str("\n]")
 }
 
-func (s *Stream) closeGemini(w *eventWriter, u Usage) {
-	w.begin("")
+// geminiChunk writes the final chunk: finishReason MAX_TOKENS for each
+// open candidate and usageMetadata built from u.
+func (s *Stream) geminiChunk(w *eventWriter, u Usage) {
 	w.str(`{"candidates":[`)
 	for k, i := range s.openChoices() {
 		if k > 0 {
@@ -256,5 +264,4 @@ func (s *Stream) closeGemini(w *eventWriter, u Usage) {
 		w.raw(s.id, "")
 	}
 	w.str(`}`)
-	w.end()
 }

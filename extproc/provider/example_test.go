@@ -59,3 +59,30 @@ func ExampleParseUsage() {
 	// Output:
 	// {InputTokens:11 OutputTokens:5 CachedInputTokens:0 CacheCreationInputTokens:0 ReasoningTokens:2} true <nil>
 }
+
+// Gemini without alt=sse streams a JSON array. FramingOf tells the
+// processor so from the path and content-type; the Framer then cuts the
+// array into elements, and at a hard budget Close ends it with a MAX_TOKENS
+// element and the closing bracket (S14).
+func ExampleFramingOf() {
+	fr := provider.FramingOf(tokenizer.Gemini, "/v1beta/models/gemini-2.0-flash:streamGenerateContent", "application/json; charset=UTF-8")
+	var f provider.Framer
+	f.Reset(fr)
+	s := provider.NewFramedStream(tokenizer.Gemini, fr, false, false)
+	f.Feed([]byte(`[{"candidates":[{"content":{"parts":[{"text":"Paris"}],"role":"model"},"index":0}]}` + "\n,\r\n" + `{"candidates":[{"content":{"par`))
+	for ev, ok := f.Next(); ok; ev, ok = f.Next() {
+		e, err := s.Observe(ev)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Printf("forward %d bytes, text %q\n", len(e.Forward), e.Text)
+	}
+	fmt.Printf("pending %q\n", f.Pending())
+	// The pending tail is dropped; the client's array ends here.
+	fmt.Printf("%q\n", s.Close(provider.Usage{InputTokens: 5, OutputTokens: 1}))
+	// Output:
+	// forward 83 bytes, text "Paris"
+	// pending "\n,\r\n{\"candidates\":[{\"content\":{\"par"
+	// "\n,\r\n{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"\"}],\"role\":\"model\"},\"finishReason\":\"MAX_TOKENS\",\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":5,\"candidatesTokenCount\":1,\"totalTokenCount\":6}}\n]"
+}

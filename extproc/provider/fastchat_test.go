@@ -32,7 +32,7 @@ func compareReaders(t *testing.T, api tokenizer.API, clientUsage, injected bool,
 		events = append(events, tail)
 	}
 	opts := cmp.Options{
-		cmp.AllowUnexported(Stream{}, choice{}, clientState{}, anthropicUsage{}),
+		cmp.AllowUnexported(Stream{}, choice{}, clientState{}, anthropicUsage{}, respOutput{}, respUndo{}),
 		cmpopts.IgnoreFields(Stream{}, "generalOnly", "text", "joined"),
 		cmpopts.EquateEmpty(),
 	}

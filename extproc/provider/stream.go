@@ -25,8 +25,9 @@ type Event struct {
 	// merged view.
 	Usage bool
 	// Done marks the terminal event: data: [DONE], Anthropic message_stop,
-	// Responses response.completed, response.incomplete or response.failed,
-	// and for Gemini, which has no terminal event, the chunk in which every
+	// Responses response.completed, response.incomplete or response.failed;
+	// for a Gemini JSON array its closing bracket, and for a Gemini event
+	// stream, which has no terminal event, the chunk in which every
 	// candidate seen has a finishReason.
 	Done bool
 }
@@ -36,11 +37,14 @@ type Event struct {
 // for (S15), and remembers what it needs to end the stream cleanly at a
 // length cut-off (S14).
 //
-// Create one with NewStream per response; the zero value reads nothing and
-// forwards every event untouched. A Stream is owned by one goroutine; it is
-// not safe for concurrent use.
+// Create one with NewStream (or NewFramedStream) per response; the zero
+// value reads nothing and forwards every event untouched. For the Responses
+// API it keeps the output delivered, up to 1 MiB, to repeat it at a
+// cut-off; other formats keep a few fields. A Stream is owned by one
+// goroutine; it is not safe for concurrent use.
 type Stream struct {
 	api         tokenizer.API
+	framing     Framing
 	clientUsage bool // the client asked for include_usage
 	hideUsage   bool // tokengate asked for it and the client must not see it
 
@@ -66,7 +70,11 @@ type Stream struct {
 	blockIndex   int
 	stopReported bool // Anthropic message_delta with a stop_reason seen
 
-	seq int // last Responses sequence_number
+	seq  int        // last Responses sequence_number
+	resp respOutput // Responses output delivered, for the closing events
+
+	// A Gemini JSON array's opening and closing brackets were delivered.
+	arrayOpen, arrayClosed bool
 
 	generalOnly bool // read OpenAI chunks with the general reader only (tests)
 
@@ -80,6 +88,7 @@ type Stream struct {
 // received.
 type clientState struct {
 	done, started, blockOpen, stopReported, usageSent bool
+	arrayOpen, arrayClosed                            bool
 	blockIndex, seq                                   int
 }
 
@@ -87,6 +96,7 @@ func (s *Stream) state() clientState {
 	return clientState{
 		done: s.done, started: s.started, blockOpen: s.blockOpen,
 		stopReported: s.stopReported, usageSent: s.usageSent,
+		arrayOpen: s.arrayOpen, arrayClosed: s.arrayClosed,
 		blockIndex: s.blockIndex, seq: s.seq,
 	}
 }
@@ -103,7 +113,9 @@ func (s *Stream) Withhold() {
 	s.done, s.started, s.blockOpen = st.done, st.started, st.blockOpen
 	s.stopReported, s.usageSent = st.stopReported, st.usageSent
 	s.blockIndex, s.seq = st.blockIndex, st.seq
+	s.arrayOpen, s.arrayClosed = st.arrayOpen, st.arrayClosed
 	s.choices = append(s.choices[:0], s.savedChoices...)
+	s.resp.withhold()
 }
 
 // choice is one OpenAI choice or Gemini candidate and whether it has
@@ -113,14 +125,25 @@ type choice struct {
 	finished bool
 }
 
-// NewStream returns a Stream for a streamed response of api.
+// NewStream returns a Stream for a server-sent event stream of api.
 // clientAskedUsage reports that the client's request itself set
 // stream_options.include_usage; injectedUsage that tokengate added it upstream
 // (S15), in which case the Stream hides the usage from the client.
 // injectedUsage only matters for the OpenAI chat and completions formats.
 func NewStream(api tokenizer.API, clientAskedUsage bool, injectedUsage bool) *Stream {
+	return NewFramedStream(api, SSE, clientAskedUsage, injectedUsage)
+}
+
+// NewFramedStream is NewStream for a response framed as FramingOf says: its
+// events are those a Framer Reset to the same Framing returns. JSONArray is
+// read for tokenizer.Gemini only; Unframed is read as SSE.
+func NewFramedStream(api tokenizer.API, fr Framing, clientAskedUsage bool, injectedUsage bool) *Stream {
+	if fr != JSONArray {
+		fr = SSE
+	}
 	return &Stream{
 		api:         api,
+		framing:     fr,
 		clientUsage: clientAskedUsage,
 		hideUsage:   injectedUsage && !clientAskedUsage,
 		blockIndex:  -1,
@@ -149,6 +172,10 @@ func (s *Stream) Usage() (u Usage, ok bool) {
 func (s *Stream) Observe(event []byte) (Event, error) {
 	s.saved = s.state()
 	s.savedChoices = append(s.savedChoices[:0], s.choices...)
+	s.resp.commit()
+	if s.framing == JSONArray {
+		return s.observeElement(event)
+	}
 	ev := Event{Forward: event}
 	data, off, n := s.eventData(event)
 	if n == 0 {
@@ -633,103 +660,6 @@ func (s *Stream) anthropicStop(delta []byte) error {
 	return obj.err
 }
 
-// responsesTextDeltas are the Responses API events whose delta is model
-// output. Audio deltas (base64) are not text.
-var responsesTextDeltas = map[string]bool{
-	`"response.output_text.delta"`:                true,
-	`"response.refusal.delta"`:                    true,
-	`"response.reasoning_text.delta"`:             true,
-	`"response.reasoning_summary_text.delta"`:     true,
-	`"response.function_call_arguments.delta"`:    true,
-	`"response.custom_tool_call_input.delta"`:     true,
-	`"response.mcp_call_arguments.delta"`:         true,
-	`"response.code_interpreter_call_code.delta"`: true,
-	`"response.audio.transcript.delta"`:           true,
-}
-
-// observeResponses reads an OpenAI Responses API event.
-func (s *Stream) observeResponses(ev *Event, data []byte) error {
-	obj, err := openObject(data, 0)
-	if err != nil {
-		return err
-	}
-	var typ, delta, item, response []byte
-	for m, ok := obj.next(); ok; m, ok = obj.next() {
-		v := data[m.valueStart:m.valueEnd]
-		switch string(m.key) {
-		case "type":
-			typ = v
-		case "delta":
-			delta = v
-		case "item":
-			item = v
-		case "response":
-			response = v
-		case "sequence_number":
-			n, err := parseCount(v)
-			if err != nil {
-				return fmt.Errorf("sequence_number: %w", err)
-			}
-			s.seq = max(s.seq, n)
-		}
-	}
-	if err := obj.finish(); err != nil {
-		return err
-	}
-	switch t := typ; {
-	case responsesTextDeltas[string(t)]:
-		if err := s.appendString(delta); err != nil {
-			return fmt.Errorf("delta: %w", err)
-		}
-	case string(t) == `"response.output_item.added"`:
-		// A tool call's name is output too; its arguments follow as deltas.
-		if err := s.appendStrings(item, "name"); err != nil {
-			return fmt.Errorf("item: %w", err)
-		}
-	case string(t) == `"response.completed"`, string(t) == `"response.incomplete"`, string(t) == `"response.failed"`:
-		s.done, ev.Done = true, true
-		fallthrough
-	case string(t) == `"response.created"`, string(t) == `"response.in_progress"`:
-		if response == nil || isNull(response) {
-			return nil
-		}
-		if err := s.responseObject(ev, response); err != nil {
-			return fmt.Errorf("response: %w", err)
-		}
-	}
-	return nil
-}
-
-// responseObject reads the identity and usage of a Responses response
-// object.
-func (s *Stream) responseObject(ev *Event, r []byte) error {
-	obj, err := openObject(r, 0)
-	if err != nil {
-		return err
-	}
-	for m, ok := obj.next(); ok; m, ok = obj.next() {
-		v := r[m.valueStart:m.valueEnd]
-		switch string(m.key) {
-		case "id":
-			keep(&s.id, v)
-		case "created_at":
-			keep(&s.created, v)
-		case "model":
-			keep(&s.model, v)
-		case "usage":
-			if isNull(v) {
-				continue
-			}
-			u, err := readResponsesUsage(v)
-			if err != nil {
-				return fmt.Errorf("usage: %w", err)
-			}
-			s.usage, s.hasUsage, ev.Usage = u, true, true
-		}
-	}
-	return obj.err
-}
-
 // observeGemini reads a Gemini GenerateContentResponse chunk.
 func (s *Stream) observeGemini(ev *Event, data []byte) error {
 	obj, err := openObject(data, 0)
@@ -762,10 +692,42 @@ func (s *Stream) observeGemini(ev *Event, data []byte) error {
 	if err := obj.finish(); err != nil {
 		return err
 	}
-	if finishedHere && s.allFinished() {
+	if finishedHere && s.allFinished() && s.framing != JSONArray {
 		s.done, ev.Done = true, true
 	}
 	return nil
+}
+
+// observeElement reads one event of a Gemini JSON array as cut by a Framer:
+// an element with the opening bracket or the separator before it, or the
+// closing bracket.
+func (s *Stream) observeElement(event []byte) (Event, error) {
+	ev := Event{Forward: event}
+	data := bytes.TrimLeft(event, " \t\r\n")
+	if len(data) > 0 && data[0] == '[' {
+		s.arrayOpen = true
+		data = bytes.TrimLeft(data[1:], " \t\r\n")
+	} else if len(data) > 0 && data[0] == ',' {
+		data = bytes.TrimLeft(data[1:], " \t\r\n")
+	}
+	data = bytes.TrimRight(data, " \t\r\n")
+	switch {
+	case len(data) == 0:
+		return ev, nil
+	case string(data) == "]":
+		s.arrayClosed, s.done, ev.Done = true, true, true
+		return ev, nil
+	case s.api != tokenizer.Gemini:
+		return ev, nil
+	}
+	s.text = s.text[:0]
+	if err := s.observeGemini(&ev, data); err != nil {
+		return Event{Forward: event}, fmt.Errorf("%w: %s array element: %w", ErrMalformed, s.api, err)
+	}
+	if len(s.text) > 0 {
+		ev.Text = string(s.text)
+	}
+	return ev, nil
 }
 
 // geminiCandidates reads the candidates of a chunk and reports whether one
