@@ -74,11 +74,7 @@ func startDemo(opts demoOptions) (*demoEnv, error) {
 		}
 	}()
 
-	counter, err := tokenizer.New(tokenizer.Options{
-		FallbackEncoding:    cfg.Tokenizer.FallbackEncoding,
-		DefaultOutputTokens: cfg.Tokenizer.DefaultOutputTokens,
-		MaxOutputTokens:     cfg.Tokenizer.MaxOutputTokens,
-	})
+	counter, err := newCounter(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +106,10 @@ func startDemo(opts demoOptions) (*demoEnv, error) {
 
 	// tokengate itself, wired from the demo configuration like `serve` does.
 	store := buckets.NewMemory(buckets.MemoryOptions{Now: env.clock.Now})
-	sc := serverConfig(cfg, store, counter, slog.New(slog.DiscardHandler))
+	sc, err := serverConfig(cfg, store, counter, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
 	sc.Now = env.clock.Now
 	sc.OnFinish = func(o extproc.Outcome) {
 		select {

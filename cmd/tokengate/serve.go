@@ -38,19 +38,27 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 
-	cfg := config.Default()
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
 	if *path != "" {
-		c, err := config.Load(*path)
-		if err != nil {
-			return err
-		}
-		cfg = c
 		logger.Info("tokengate starting", "config", *path, "store", cfg.Store.Type, "policies", len(cfg.Policies))
 	} else {
 		logger.Info("tokengate starting on embedded defaults (no --config given): memory store, policy \"default\"",
 			"store", cfg.Store.Type, "grpc", cfg.Listeners.GRPC, "admin", cfg.Listeners.Admin)
 	}
 	return serve(ctx, cfg, logger, nil)
+}
+
+// loadConfig is the configuration serve and count run on: the file at path,
+// validated by package config exactly as `tokengate validate` does, or the
+// embedded defaults when path is empty.
+func loadConfig(path string) (*config.Config, error) {
+	if path == "" {
+		return config.Default(), nil
+	}
+	return config.Load(path)
 }
 
 // listeners lets tests pick the sockets; nil listens on the configured
