@@ -330,3 +330,22 @@ func (c *Config) applyDefaults() {
 		}
 	}
 }
+
+// WithListeners returns a copy of c whose listener addresses are replaced
+// by grpc and admin where those are not empty (serve's --grpc and --admin
+// flags), checked by the rules the file's listeners follow.
+func (c *Config) WithListeners(grpc, admin string) (*Config, error) {
+	n := *c
+	if grpc != "" {
+		n.Listeners.GRPC = grpc
+	}
+	if admin != "" {
+		n.Listeners.Admin = admin
+	}
+	v := &validator{file: "flags", lines: map[string]int{}}
+	v.validateListeners(&n.Listeners)
+	if len(v.problems) > 0 {
+		return nil, v.problems
+	}
+	return &n, nil
+}
