@@ -15,11 +15,16 @@ import (
 // files and bare listener, route or filter snippets). It prints every problem
 // with file, path and rule, and fails if any file has an error.
 func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usageError{"validate needs at least one file"}
+	fs := newFlagSet("validate")
+	files, err := parseArgs(fs, args, stdout)
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		return usageError{"validate: needs at least one FILE (see tokengate validate --help)"}
 	}
 	failed := 0
-	for _, path := range args {
+	for _, path := range files {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", path, err)
@@ -53,7 +58,7 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "%s: valid tokengate configuration\n", path)
 	}
 	if failed > 0 {
-		fmt.Fprintf(stderr, "%d of %d files failed validation\n", failed, len(args))
+		fmt.Fprintf(stderr, "%d of %d files failed validation\n", failed, len(files))
 		return errReported
 	}
 	return nil
