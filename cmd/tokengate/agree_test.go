@@ -72,7 +72,7 @@ func TestValidateAndServeAgree(t *testing.T) {
 			valid++
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			p, err := build(ctx, cfg, slog.New(slog.DiscardHandler))
+			p, err := build(ctx, cfg, slog.New(slog.DiscardHandler), buildOptions{})
 			if err != nil {
 				t.Fatalf("validate accepts it, serve refuses: %v", err)
 			}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -42,11 +43,19 @@ func (p *parts) close() {
 	}
 }
 
-func build(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*parts, error) {
+// buildOptions lets the demo run serve's wiring on a clock it can advance
+// and watch each request's outcome; serve leaves both nil.
+type buildOptions struct {
+	now      func() time.Time      // the store's and the server's clock; nil is time.Now
+	onFinish func(extproc.Outcome) // called after the metrics see each outcome
+}
+
+// build makes everything serve runs from one validated configuration.
+func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts buildOptions) (*parts, error) {
 	p := &parts{registry: prometheus.NewRegistry()}
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.metrics = metrics.New(p.registry)
-	store, closeStore, err := buildStore(ctx, cfg, logger)
+	store, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +83,11 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*parts
 		p.close()
 		return nil, err
 	}
+	sc.Now = opts.now
 	sc.OnFinish = p.metrics.Finish
+	if f := opts.onFinish; f != nil {
+		sc.OnFinish = func(o extproc.Outcome) { p.metrics.Finish(o); f(o) }
+	}
 	p.server, err = extproc.NewServer(sc)
 	if err != nil {
 		p.close()
@@ -173,10 +186,10 @@ func (p *parts) adminHandler() http.Handler {
 
 // buildStore makes the configured bucket store. The returned function closes
 // its connections.
-func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger) (buckets.Store, func() error, error) {
+func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, now func() time.Time) (buckets.Store, func() error, error) {
 	switch cfg.Store.Type {
 	case "memory":
-		return buckets.NewMemory(buckets.MemoryOptions{}), nil, nil
+		return buckets.NewMemory(buckets.MemoryOptions{Now: now}), nil, nil
 	case "redis":
 		rc := cfg.Store.Redis
 		opts := &redis.UniversalOptions{

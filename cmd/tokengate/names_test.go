@@ -41,7 +41,7 @@ policies:
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			store, closeStore, err := buildStore(ctx, cfg, slog.New(slog.DiscardHandler))
+			store, closeStore, err := buildStore(ctx, cfg, slog.New(slog.DiscardHandler), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
