@@ -21,6 +21,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/tokengate/tokengate/config"
 )
 
 func main() {
@@ -28,10 +30,22 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		if !errors.Is(err, errReported) {
-			fmt.Fprintln(os.Stderr, "tokengate:", err)
-		}
+		report(os.Stderr, err)
 		os.Exit(exitCode(err))
+	}
+}
+
+// report prints err for the user: configuration problems one per line as
+// validate prints them (file:line: field: message), anything else on one
+// line after "tokengate: ".
+func report(w io.Writer, err error) {
+	var ps config.Problems
+	switch {
+	case errors.Is(err, errReported):
+	case errors.As(err, &ps):
+		fmt.Fprintln(w, ps.Error())
+	default:
+		fmt.Fprintln(w, "tokengate:", err)
 	}
 }
 
