@@ -362,7 +362,15 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusRequestEntityTooLarge {
 		return fmt.Errorf("step 4: expected 413, got %v", err)
 	}
-	sent := len(env.proxy.Log()) - before
+	// The stand-in logs a request once its answer is written, just after
+	// the SDK has it.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	logged, err := env.proxy.WaitLog(wctx, before+1)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("step 4: the stand-in logged no request: %w", err)
+	}
+	sent := len(logged) - before
 	say("HTTP %d, no Retry-After (%q); requests sent by an SDK allowed 2 retries: %d", apiErr.StatusCode, apiErr.Response.Header.Get("Retry-After"), sent)
 	say("body: %s", strings.TrimSpace(apiErr.RawJSON()))
 	drainOutcomes(env)
