@@ -131,7 +131,7 @@ type Identity struct {
 }
 
 // BucketRule is one bucket of a policy's chain; its store key is described
-// in keys.go and the repository README. Plain data; the zero value is invalid (Name and
+// in keys.go and docs/design.md. Plain data; the zero value is invalid (Name and
 // Limit are required).
 type BucketRule struct {
 	Name string
