@@ -27,7 +27,8 @@ import (
 )
 
 // The demo is the README's first command: it must exit 0 and show a 429 with
-// Retry-After, a 413 and a stream cut with finish_reason "length".
+// Retry-After, a 413 and a stream cut with finish_reason "length", and the
+// README's excerpt of it must be what it prints.
 func TestDemo(t *testing.T) {
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -35,11 +36,12 @@ func TestDemo(t *testing.T) {
 	if err := run(ctx, []string{"demo", "--token-delay", "2ms"}, nil, &out, &errOut); err != nil {
 		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
 	}
-	for _, want := range []string{"HTTP 429", "Retry-After: ", "HTTP 413", `finish_reason "length"`, "the upstream was cancelled: true", "admitted again"} {
+	for _, want := range []string{"HTTP 429", "Retry-After: ", "HTTP 413", "allowed 2 retries: 1\n", `finish_reason "length"`, "the upstream was cancelled: true", "admitted again"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
 	}
+	checkReadmeDemoExcerpt(t, out.String())
 }
 
 // Every YAML file the project ships validates: tokengate configs and Envoy
