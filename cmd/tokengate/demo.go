@@ -182,6 +182,17 @@ func (e *demoEnv) lastUpstream(ctx context.Context, n int) (mockllm.Record, erro
 	return recs[n-1], nil
 }
 
+// outcome waits for the next request's outcome and requires its decision:
+// every request the tour makes is read in turn, so the next step's outcome
+// is its own.
+func (e *demoEnv) outcome(ctx context.Context, decision string) (extproc.Outcome, error) {
+	o, err := e.nextOutcome(ctx)
+	if err == nil && o.Decision != decision {
+		err = fmt.Errorf("the request's outcome is %q, want %q", o.Decision, decision)
+	}
+	return o, err
+}
+
 // nextOutcome waits for the next settled request.
 func (e *demoEnv) nextOutcome(ctx context.Context) (extproc.Outcome, error) {
 	select {
@@ -295,7 +306,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("step 1: %w", err)
 	}
-	o, err := env.nextOutcome(ctx)
+	o, err := env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -311,7 +322,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("step 2: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -338,12 +349,15 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 			if apiErr.StatusCode != http.StatusTooManyRequests || h.Get("Retry-After") == "" {
 				return fmt.Errorf("step 3: expected a 429 with Retry-After, got %d", apiErr.StatusCode)
 			}
+			if _, err := env.outcome(ctx, "refused_tokens"); err != nil {
+				return fmt.Errorf("step 3: %w", err)
+			}
 			break
 		}
 		if err != nil {
 			return fmt.Errorf("step 3: %w", err)
 		}
-		o, err := env.nextOutcome(ctx)
+		o, err := env.outcome(ctx, "admitted")
 		if err != nil {
 			return err
 		}
@@ -373,7 +387,9 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	sent := len(logged) - before
 	say("HTTP %d, no Retry-After (%q); requests sent by an SDK allowed 2 retries: %d", apiErr.StatusCode, apiErr.Response.Header.Get("Retry-After"), sent)
 	say("body: %s", strings.TrimSpace(apiErr.RawJSON()))
-	drainOutcomes(env)
+	if _, err := env.outcome(ctx, "never_admissible"); err != nil {
+		return fmt.Errorf("step 4: %w", err)
+	}
 
 	// 5. Cut-off at a hard budget.
 	step(5, "dave streams on the \"capped\" route (80 output tokens per request) but asks for 300")
@@ -383,7 +399,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("step 5: the SDK saw an unclean end: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -402,7 +418,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if _, err := client("carol").Chat.Completions.New(ctx, ask("Draft an essay outline.", 400)); err != nil {
 		return fmt.Errorf("step 6: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -410,7 +426,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if _, err := client("carol").Chat.Completions.New(ctx, ask("Now write the whole essay.", 0)); err != nil {
 		return fmt.Errorf("step 6: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -457,16 +473,6 @@ func streamWithProgress(w io.Writer, stream *ssestream.Stream[openai.ChatComplet
 		}
 	}
 	return chunks, finish, sawUsage, stream.Err()
-}
-
-func drainOutcomes(env *demoEnv) {
-	for {
-		select {
-		case <-env.outcomes:
-		default:
-			return
-		}
-	}
 }
 
 func countWords(s string) int { return len(strings.Fields(s)) }
