@@ -284,8 +284,14 @@ func servedReservation(t *testing.T, cfg *config.Config, policy, body string) in
 	}
 	gs := grpc.NewServer()
 	p.server.Register(gs)
-	go gs.Serve(lis)
-	defer gs.Stop()
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	defer func() {
+		gs.Stop()
+		if err := <-served; err != nil {
+			t.Error(err)
+		}
+	}()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -249,7 +249,15 @@ func httptestServer(t *testing.T, h http.Handler) string {
 		t.Fatal(err)
 	}
 	s := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go s.Serve(l)
-	t.Cleanup(func() { s.Close() })
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(l) }()
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Error(err)
+		}
+	})
 	return "http://" + l.Addr().String()
 }
