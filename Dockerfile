@@ -1,7 +1,8 @@
-# tokengate image: one static binary on a distroless base.
+# tokengate image: one static binary on a distroless base (no shell).
 #   docker build -t tokengate .
-# The image runs `tokengate serve --config /etc/tokengate/tokengate.yaml` by default;
-# the compose stack also runs it as the mock LLM (`tokengate mock-llm --listen :9000`).
+# The image runs `tokengate serve --config /etc/tokengate/tokengate.yaml` by default
+# (mount a configuration there whose listeners bind 0.0.0.0); the compose stack also
+# runs it as the mock LLM (`tokengate mock-llm --listen :9000`).
 
 FROM golang:1.26.8 AS build
 WORKDIR /src
@@ -18,5 +19,7 @@ COPY --from=build /out/tokengate /usr/local/bin/tokengate
 USER nonroot:nonroot
 # 50051: ext_proc gRPC and gRPC health (for Envoy). 9090: /metrics, /healthz, /readyz.
 EXPOSE 50051 9090
+# The image has no shell or curl: tokengate probes its own /readyz.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s CMD ["/usr/local/bin/tokengate", "health", "--url", "http://127.0.0.1:9090/readyz"]
 ENTRYPOINT ["/usr/local/bin/tokengate"]
 CMD ["serve", "--config", "/etc/tokengate/tokengate.yaml"]

@@ -1,10 +1,14 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test redis fuzz bench
+.PHONY: demo test build redis bench
 
 demo:
 	$(GO) run ./cmd/tokengate demo
+
+# bin/tokengate, stamped with the commit it was built from (tokengate version).
+build:
+	$(GO) build -buildvcs=auto -o bin/tokengate ./cmd/tokengate
 
 # Runs every test with the race detector, and every benchmark once so none can rot.
 # The Redis and Redis Cluster tests start their own redis-server processes.

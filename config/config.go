@@ -229,34 +229,40 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes and validates a configuration; file names it in problems.
 func Parse(file string, data []byte) (*Config, error) {
+	v := &validator{file: file, lines: map[string]int{}}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, Problems{{File: file, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}}
+		v.syntaxError(err)
+		return nil, v.problems
 	}
 	if len(root.Content) == 0 {
 		return nil, Problems{{File: file, Msg: "the file is empty"}}
 	}
-	v := &validator{file: file, lines: map[string]int{}}
-	v.index(root.Content[0], "")
+	// Strictness: the node tree is walked against the struct fields first,
+	// so every unknown key and every value of the wrong type is reported,
+	// each with its path. Values are checked unless one failed to decode (it
+	// would be reported again as its zero value, wrongly); unknown keys do
+	// not stop them.
+	v.walk(root.Content[0], "", configShape)
+	if v.badValues > 0 {
+		return nil, v.sorted()
+	}
 	var c Config
-	decodeErr := root.Content[0].Decode(&c)
-	if decodeErr != nil {
-		v.decodeErrors(decodeErr)
+	if err := root.Content[0].Decode(&c); err != nil {
+		v.decodeError(err)
+		return nil, v.sorted()
 	}
-	// Strictness: unknown keys are found by walking the node tree against
-	// the struct fields, so all of them are reported, each with its path.
-	v.unknownKeys(root.Content[0], "", configShape)
-	// Values are checked too unless a value failed to decode (its zero value
-	// would be reported again, wrongly); unknown keys do not stop them.
-	if decodeErr == nil {
-		c.applyDefaults()
-		v.validate(&c)
-	}
+	c.applyDefaults()
+	v.validate(&c)
 	if len(v.problems) > 0 {
-		sort.SliceStable(v.problems, func(i, j int) bool { return v.problems[i].Line < v.problems[j].Line })
-		return nil, v.problems
+		return nil, v.sorted()
 	}
 	return &c, nil
+}
+
+func (v *validator) sorted() Problems {
+	sort.SliceStable(v.problems, func(i, j int) bool { return v.problems[i].Line < v.problems[j].Line })
+	return v.problems
 }
 
 // Policy returns the policy with the given name.
@@ -323,4 +329,23 @@ func (c *Config) applyDefaults() {
 			}
 		}
 	}
+}
+
+// WithListeners returns a copy of c whose listener addresses are replaced
+// by grpc and admin where those are not empty (serve's --grpc and --admin
+// flags), checked by the rules the file's listeners follow.
+func (c *Config) WithListeners(grpc, admin string) (*Config, error) {
+	n := *c
+	if grpc != "" {
+		n.Listeners.GRPC = grpc
+	}
+	if admin != "" {
+		n.Listeners.Admin = admin
+	}
+	v := &validator{file: "flags", lines: map[string]int{}}
+	v.validateListeners(&n.Listeners)
+	if len(v.problems) > 0 {
+		return nil, v.problems
+	}
+	return &n, nil
 }

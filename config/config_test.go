@@ -130,10 +130,14 @@ policies:
 
 // Every valid fixture and shipped example config loads.
 func TestValidFixtures(t *testing.T) {
-	files, _ := filepath.Glob("testdata/valid/*.yaml")
-	more, _ := filepath.Glob("../examples/configs/*.yaml")
-	files = append(files, more...)
-	files = append(files, "../examples/compose/tokengate.yaml")
+	var files []string
+	for _, pattern := range []string{"testdata/valid/*.yaml", "../examples/configs/*.yaml", "../examples/compose/tokengate.yaml", "default.yaml"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil || len(m) == 0 {
+			t.Fatalf("%s: %v %v", pattern, m, err)
+		}
+		files = append(files, m...)
+	}
 	for _, f := range files {
 		if _, err := Load(f); err != nil {
 			t.Errorf("%s: %v", f, err)
@@ -143,11 +147,16 @@ func TestValidFixtures(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	f.Add(DefaultYAML())
-	files, _ := filepath.Glob("testdata/invalid/*.yaml")
+	files, err := filepath.Glob("testdata/*/*.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
 	for _, p := range files {
-		if b, err := os.ReadFile(p); err == nil {
-			f.Add(b)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
 		}
+		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse("fuzz.yaml", data)

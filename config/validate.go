@@ -3,13 +3,17 @@ package config
 import (
 	"fmt"
 	"math"
+	"net"
 	"reflect"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/tokengate/tokengate/buckets"
 )
 
 // validator collects every problem of one file.
@@ -17,9 +21,15 @@ type validator struct {
 	file     string
 	lines    map[string]int // field path → line
 	problems Problems
+	// badValues counts values of the wrong type; unknown keys do not count,
+	// so they do not hide problems with the values around them.
+	badValues int
 }
 
-var configShape = reflect.TypeOf(Config{})
+var (
+	configShape  = reflect.TypeOf(Config{})
+	durationType = reflect.TypeOf(time.Duration(0))
+)
 
 func (v *validator) add(path, format string, args ...any) {
 	v.problems = append(v.problems, Problem{File: v.file, Line: v.line(path), Field: path, Msg: fmt.Sprintf(format, args...)})
@@ -50,86 +60,101 @@ func join(path, key string) string {
 	return path + "." + key
 }
 
-// index records the line of every mapping key and sequence item.
-func (v *validator) index(n *yaml.Node, path string) {
-	switch n.Kind {
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			p := join(path, n.Content[i].Value)
-			v.lines[p] = n.Content[i].Line
-			v.index(n.Content[i+1], p)
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := fmt.Sprintf("%s[%d]", path, i)
-			v.lines[p] = c.Line
-			v.index(c, p)
-		}
+var lineRE = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+
+// syntaxError turns a YAML parser error into a problem with its line.
+func (v *validator) syntaxError(err error) {
+	p := Problem{File: v.file, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	if m := lineRE.FindStringSubmatch(err.Error()); m != nil {
+		p.Line, _ = strconv.Atoi(m[1]) // the pattern matched digits
+		p.Msg = m[2]
 	}
+	v.problems = append(v.problems, p)
 }
 
-var lineRE = regexp.MustCompile(`^line (\d+): (.*)$`)
-
-// decodeErrors turns the decoder's type errors into problems with lines.
-func (v *validator) decodeErrors(err error) {
-	te, ok := err.(*yaml.TypeError)
-	if !ok {
-		v.problems = append(v.problems, Problem{File: v.file, Msg: strings.TrimPrefix(err.Error(), "yaml: ")})
-		return
+// walk checks the shape of the document against the Go type before any
+// value is decoded: every unknown key and every value of the wrong kind is
+// reported with its own field path (the decoder's errors name only a line,
+// which in a flow mapping holds several fields). It records the line of
+// every field it passes.
+func (v *validator) walk(n *yaml.Node, path string, t reflect.Type) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
 	}
-	for _, e := range te.Errors {
-		p := Problem{File: v.file, Msg: e}
-		if m := lineRE.FindStringSubmatch(e); m != nil {
-			p.Line, _ = strconv.Atoi(m[1])
-			p.Msg = m[2]
-			p.Field = v.fieldAt(p.Line)
-		}
-		v.problems = append(v.problems, p)
-	}
-}
-
-// fieldAt names the deepest field on a line.
-func (v *validator) fieldAt(line int) string {
-	best := ""
-	for p, l := range v.lines {
-		if l == line && len(p) > len(best) {
-			best = p
-		}
-	}
-	return best
-}
-
-// unknownKeys reports every mapping key that the Go type has no field for.
-func (v *validator) unknownKeys(n *yaml.Node, path string, t reflect.Type) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch n.Kind {
-	case yaml.MappingNode:
-		if t.Kind() != reflect.Struct {
-			return // a type error the decoder reports
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return // an empty value leaves the field unset
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			v.addAt(n, path, "want a mapping of keys, got %s", describe(n))
+			return
 		}
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			key := n.Content[i].Value
-			ft, ok := fields[key]
+			key, val := n.Content[i], n.Content[i+1]
+			p := join(path, key.Value)
+			v.lines[p] = key.Line
+			ft, ok := fields[key.Value]
 			if !ok {
-				v.problems = append(v.problems, Problem{
-					File: v.file, Line: n.Content[i].Line, Field: join(path, key),
-					Msg: fmt.Sprintf("unknown key %q (known: %s)", key, knownKeys(fields)),
-				})
+				v.problems = append(v.problems, Problem{File: v.file, Line: key.Line, Field: p,
+					Msg: fmt.Sprintf("unknown key %q (known: %s)", key.Value, knownKeys(fields))})
 				continue
 			}
-			v.unknownKeys(n.Content[i+1], join(path, key), ft)
+			v.walk(val, p, ft)
 		}
-	case yaml.SequenceNode:
-		if t.Kind() != reflect.Slice {
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			v.addAt(n, path, "want a list, got %s", describe(n))
 			return
 		}
 		for i, c := range n.Content {
-			v.unknownKeys(c, fmt.Sprintf("%s[%d]", path, i), t.Elem())
+			p := fmt.Sprintf("%s[%d]", path, i)
+			v.lines[p] = c.Line
+			v.walk(c, p, t.Elem())
+		}
+	default:
+		if n.Kind != yaml.ScalarNode {
+			v.addAt(n, path, "want %s, got %s", want(t), describe(n))
+			return
+		}
+		if err := n.Decode(reflect.New(t).Interface()); err != nil {
+			v.addAt(n, path, "want %s, got %q", want(t), n.Value)
 		}
 	}
+}
+
+// addAt reports a problem at a node's own line.
+func (v *validator) addAt(n *yaml.Node, path, format string, args ...any) {
+	v.badValues++
+	v.problems = append(v.problems, Problem{File: v.file, Line: n.Line, Field: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func want(t reflect.Type) string {
+	switch {
+	case t == durationType:
+		return "a duration such as 500ms, 30s or 10m"
+	case t.Kind() == reflect.Float64:
+		return "a number"
+	case t.Kind() == reflect.Int:
+		return "a whole number"
+	case t.Kind() == reflect.Bool:
+		return "true or false"
+	}
+	return "a string"
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return strconv.Quote(n.Value)
 }
 
 func yamlFields(t reflect.Type) map[string]reflect.Type {
@@ -137,7 +162,7 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if name != "" && name != "-" {
+		if name != "" && name != "-" && f.IsExported() {
 			m[name] = f.Type
 		}
 	}
@@ -149,18 +174,42 @@ func knownKeys(fields map[string]reflect.Type) string {
 	for k := range fields {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	return strings.Join(keys, ", ")
+}
+
+// decodeError reports what the decoder found that the walk did not (a
+// duplicate key, for one).
+func (v *validator) decodeError(err error) {
+	te, ok := err.(*yaml.TypeError)
+	if !ok {
+		v.syntaxError(err)
+		return
+	}
+	for _, e := range te.Errors {
+		p := Problem{File: v.file, Msg: e}
+		if m := lineRE.FindStringSubmatch(e); m != nil {
+			p.Line, _ = strconv.Atoi(m[1]) // the pattern matched digits
+			p.Msg = m[2]
+		}
+		v.problems = append(v.problems, p)
+	}
 }
 
 // Known tokenizer encodings that a fallback may name.
 var encodings = map[string]bool{"o200k_base": true, "cl100k_base": true}
 
+// nameRE is what every name in the file (policy, identity, bucket,
+// concurrency limit) must match: names become parts of store keys, metric
+// labels and error bodies.
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
+
+// metadataKeyRE is a gRPC metadata key as Envoy sends it: lower case.
+var metadataKeyRE = regexp.MustCompile(`^[a-z0-9_.-]+$`)
+
 // validate checks every field's value; it runs after defaults are applied.
 func (v *validator) validate(c *Config) {
-	if c.Listeners.MaxRecvMsgBytes < 1<<20 {
-		v.add("listeners.max_recv_msg_bytes", "must be at least 1048576 (a BUFFERED request body travels as one message), got %d", c.Listeners.MaxRecvMsgBytes)
-	}
+	v.validateListeners(&c.Listeners)
 	v.validateStore(&c.Store)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)
@@ -171,11 +220,14 @@ func (v *validator) validate(c *Config) {
 	if c.Tokenizer.MaxOutputTokens < c.Tokenizer.DefaultOutputTokens {
 		v.add("tokenizer.max_output_tokens", "must be at least default_output_tokens (%d), got %d", c.Tokenizer.DefaultOutputTokens, c.Tokenizer.MaxOutputTokens)
 	}
+	if !metadataKeyRE.MatchString(c.PolicyMetadataKey) || strings.HasSuffix(c.PolicyMetadataKey, "-bin") {
+		v.add("policy_metadata_key", "%q is not a gRPC metadata key: lower-case letters, digits, '-', '_' or '.', not ending in -bin", c.PolicyMetadataKey)
+	}
 	if len(c.Policies) == 0 {
 		v.add("policies", "at least one policy is required")
 	}
 	if c.ShutdownGrace < 0 {
-		v.add("shutdown_grace", "must not be negative")
+		v.add("shutdown_grace", "must not be negative, got %s", c.ShutdownGrace)
 	}
 	names := map[string]int{}
 	for i := range c.Policies {
@@ -200,25 +252,62 @@ func (v *validator) validate(c *Config) {
 	}
 }
 
+func (v *validator) validateListeners(l *Listeners) {
+	for _, a := range []struct{ field, addr string }{{"listeners.grpc", l.GRPC}, {"listeners.admin", l.Admin}} {
+		if err := hostPort(a.addr); err != nil {
+			v.add(a.field, "%v", err)
+		}
+	}
+	if l.GRPC == l.Admin && !strings.HasSuffix(l.GRPC, ":0") {
+		v.add("listeners.admin", "%q is also listeners.grpc; the two listeners need different addresses", l.Admin)
+	}
+	if l.MaxRecvMsgBytes < 1<<20 {
+		v.add("listeners.max_recv_msg_bytes", "must be at least 1048576 (a BUFFERED request body travels as one message), got %d", l.MaxRecvMsgBytes)
+	}
+}
+
+// hostPort checks an address that net.Listen or a Redis dialer will take:
+// host:port with a numeric port.
+func hostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (e.g. 127.0.0.1:9090 or :9090)", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not a number from 0 to 65535", addr, port)
+	}
+	return nil
+}
+
 func (v *validator) validateStore(s *Store) {
 	switch s.Type {
 	case "memory":
 	case "redis":
-		if len(s.Redis.Addrs) == 0 {
+		r := &s.Redis
+		if len(r.Addrs) == 0 {
 			v.add("store.redis.addrs", "at least one address is required for the redis store")
 		}
-		for i, a := range s.Redis.Addrs {
-			if !strings.Contains(a, ":") {
-				v.add(fmt.Sprintf("store.redis.addrs[%d]", i), "%q is not host:port", a)
+		for i, a := range r.Addrs {
+			if err := hostPort(a); err != nil {
+				v.add(fmt.Sprintf("store.redis.addrs[%d]", i), "%v", err)
 			}
 		}
-		if s.Redis.Timeout < 0 || s.Redis.DialTimeout < 0 {
-			v.add("store.redis.timeout", "timeouts must not be negative")
+		if r.DialTimeout < 0 {
+			v.add("store.redis.dial_timeout", "must not be negative, got %s", r.DialTimeout)
 		}
-		if s.Redis.Cluster && s.Redis.DB != 0 {
+		if r.Timeout < 0 {
+			v.add("store.redis.timeout", "must not be negative, got %s", r.Timeout)
+		}
+		if r.DB < 0 {
+			v.add("store.redis.db", "must not be negative, got %d", r.DB)
+		}
+		if r.Cluster && r.DB != 0 {
 			v.add("store.redis.db", "Redis Cluster has only database 0")
 		}
-		if t := s.Redis.TLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
+		if r.PoolSize < 0 {
+			v.add("store.redis.pool_size", "must not be negative (0 means go-redis's default), got %d", r.PoolSize)
+		}
+		if t := r.TLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
 			v.add("store.redis.tls", "cert_file and key_file go together")
 		}
 	default:
@@ -232,29 +321,40 @@ func (v *validator) validateStore(s *Store) {
 	case "open":
 		if s.Fallback == nil {
 			v.add("store.fallback", "is required with on_failure: open (the local limit used while the store is down)")
-		} else {
-			v.validateRate("store.fallback", s.Fallback.TokensPerMinute, s.Fallback.Burst)
+		} else if v.validateRate("store.fallback", s.Fallback.TokensPerMinute, s.Fallback.Burst) {
+			if err := s.Fallback.Limit().Validate(); err != nil {
+				v.add("store.fallback", "the limit these values give is unusable: %v", err)
+			}
 		}
 	default:
 		v.add("store.on_failure", "must be closed or open, got %q", s.OnFailure)
 	}
 }
 
-func (v *validator) validateRate(path string, tpm, burst float64) {
-	if !(tpm > 0) || math.IsInf(tpm, 0) {
+// validateRate checks a tokens-per-minute rate and its burst and reports
+// whether both are usable.
+func (v *validator) validateRate(path string, tpm, burst float64) bool {
+	ok := true
+	if !finite(tpm) || tpm <= 0 {
 		v.add(join(path, "tokens_per_minute"), "must be a positive number, got %v", tpm)
+		ok = false
 	}
-	if burst < 0 || math.IsNaN(burst) || math.IsInf(burst, 0) {
+	if !finite(burst) || burst < 0 {
 		v.add(join(path, "burst"), "must be positive (0 means one minute's worth), got %v", burst)
+		ok = false
 	}
+	return ok
 }
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
 func (v *validator) validatePolicy(path string, p *Policy) {
-	if p.Name != "" && !nameRE.MatchString(p.Name) {
-		v.add(join(path, "name"), "%q must be lower-case letters, digits, '-' or '_'", p.Name)
+	name := func(fp, s string) {
+		if s != "" && !nameRE.MatchString(s) {
+			v.add(fp, "%q must be lower-case letters, digits, '-' or '_'", s)
+		}
 	}
+	name(join(path, "name"), p.Name)
 	idents := map[string]bool{}
 	for i, id := range p.Identities {
 		ip := fmt.Sprintf("%s.identities[%d]", path, i)
@@ -266,6 +366,7 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 		case idents[id.Name]:
 			v.add(join(ip, "name"), "identity %q is defined twice", id.Name)
 		}
+		name(join(ip, "name"), id.Name)
 		idents[id.Name] = true
 		if (id.Header == "") == (id.Metadata == "") {
 			v.add(ip, "needs exactly one of header or metadata")
@@ -302,28 +403,42 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 		} else if bnames[b.Name] {
 			v.add(join(bp, "name"), "bucket %q is defined twice in this policy", b.Name)
 		}
+		name(join(bp, "name"), b.Name)
 		bnames[b.Name] = true
 		per(join(bp, "per"), b.Per)
+		ok := true
 		if b.ProviderLimit != nil {
 			if b.TokensPerMinute != 0 || b.Burst != 0 {
 				v.add(bp, "set either tokens_per_minute/burst or provider_limit, not both")
+				ok = false
 			}
 			pl := b.ProviderLimit
-			v.validateRate(join(bp, "provider_limit"), pl.TokensPerMinute, 0)
+			ok = v.validateRate(join(bp, "provider_limit"), pl.TokensPerMinute, 0) && ok
 			if sf := pl.SafetyFactor; sf != nil && !(*sf > 0 && *sf <= 1) {
 				v.add(join(bp, "provider_limit.safety_factor"), "must be in (0, 1], got %v", *sf)
+				ok = false
 			}
 			if !(pl.PriorityHeadroom >= 0 && pl.PriorityHeadroom < 1) {
 				v.add(join(bp, "provider_limit.priority_headroom"), "must be in [0, 1), got %v", pl.PriorityHeadroom)
+				ok = false
 			}
 		} else {
-			v.validateRate(bp, b.TokensPerMinute, b.Burst)
+			ok = v.validateRate(bp, b.TokensPerMinute, b.Burst)
 		}
-		if b.MaxDebt < 0 {
-			v.add(join(bp, "max_debt"), "must not be negative (it is how far below zero the bucket may go)")
+		if !finite(b.MaxDebt) || b.MaxDebt < 0 {
+			v.add(join(bp, "max_debt"), "must be a number not below zero (it is how far below zero the bucket may go), got %v", b.MaxDebt)
+			ok = false
 		}
 		if b.Hard && b.MaxDebt != 0 {
 			v.add(join(bp, "max_debt"), "a hard bucket never goes below zero; remove max_debt or hard")
+			ok = false
+		}
+		// The values are each in range; the limit derived from them must
+		// also be one the store accepts (a tiny rate can round to zero).
+		if ok {
+			if _, _, err := b.Limit(); err != nil {
+				v.add(bp, "the limit these values give is unusable: %v", err)
+			}
 		}
 	}
 	cnames := map[string]bool{}
@@ -334,6 +449,7 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 		} else if cnames[c.Name] {
 			v.add(join(cp, "name"), "concurrency limit %q is defined twice in this policy", c.Name)
 		}
+		name(join(cp, "name"), c.Name)
 		cnames[c.Name] = true
 		per(join(cp, "per"), c.Per)
 		if c.Max <= 0 {
@@ -361,22 +477,23 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 
 // validateSharedProviders checks that provider buckets of the same name agree
 // across policies: they are one bucket, the organisation's account at the
-// provider, whichever policy a request comes through.
+// provider, whichever policy a request comes through. A provider bucket's
+// name is therefore global, and no policy may use it for a bucket of its own.
 func (v *validator) validateSharedProviders(c *Config) {
 	type first struct {
 		path string
 		b    Bucket
 	}
-	seen := map[string]first{}
+	providers := map[string]first{}
 	for i, p := range c.Policies {
 		for j, b := range p.Buckets {
 			if b.ProviderLimit == nil {
 				continue
 			}
 			path := fmt.Sprintf("policies[%d].buckets[%d]", i, j)
-			f, ok := seen[b.Name]
+			f, ok := providers[b.Name]
 			if !ok {
-				seen[b.Name] = first{path, b}
+				providers[b.Name] = first{path, b}
 				continue
 			}
 			if f.b.Per != b.Per || !reflect.DeepEqual(f.b.ProviderLimit, b.ProviderLimit) || f.b.Hard != b.Hard || f.b.MaxDebt != b.MaxDebt {
@@ -384,4 +501,39 @@ func (v *validator) validateSharedProviders(c *Config) {
 			}
 		}
 	}
+	for i, p := range c.Policies {
+		for j, b := range p.Buckets {
+			if f, ok := providers[b.Name]; ok && b.ProviderLimit == nil {
+				v.add(fmt.Sprintf("policies[%d].buckets[%d].name", i, j),
+					"%q is the name of the provider bucket at %s, which every policy shares; give this bucket another name", b.Name, f.path)
+			}
+		}
+	}
 }
+
+// placeholderKey stands in for a store key when a bucket's limit is checked
+// at load time: keys are made per request, but buckets.Bucket.Validate
+// checks one is set.
+const placeholderKey = "config"
+
+// Limit returns the bucket in the store's terms: its capacity and refill
+// rate (S1) — from tokens_per_minute and burst, or from provider_limit
+// scaled by its safety factor (S19) — and the headroom only priority
+// traffic may use. The error says why the store would refuse it; Parse
+// refuses a configuration where that is so, so for a loaded Config it is
+// nil.
+func (b Bucket) Limit() (limit buckets.Limit, headroom float64, err error) {
+	if pl := b.ProviderLimit; pl != nil {
+		p := buckets.ProviderLimit{TokensPerMinute: pl.TokensPerMinute, PriorityHeadroom: pl.PriorityHeadroom}
+		if pl.SafetyFactor != nil {
+			p.SafetyFactor = *pl.SafetyFactor
+		}
+		pb, err := p.Bucket(b.Name, placeholderKey)
+		return pb.Limit, pb.Headroom, err
+	}
+	l := buckets.PerMinute(b.TokensPerMinute, b.Burst)
+	return l, 0, buckets.Bucket{Name: b.Name, Key: placeholderKey, Limit: l, Hard: b.Hard, MaxDebt: b.MaxDebt}.Validate()
+}
+
+// Limit returns the fallback rate in the store's terms (S1, S21).
+func (r Rate) Limit() buckets.Limit { return buckets.PerMinute(r.TokensPerMinute, r.Burst) }

@@ -28,12 +28,26 @@ type composeFile struct {
 }
 
 type composeService struct {
-	Image     string        `json:"image"`
-	Build     *composeBuild `json:"build"`
-	Command   []string      `json:"command"`
-	Volumes   []string      `json:"volumes"`
-	Ports     []string      `json:"ports"`
-	DependsOn []string      `json:"depends_on"`
+	Image       string                       `json:"image"`
+	Build       *composeBuild                `json:"build"`
+	PullPolicy  string                       `json:"pull_policy"`
+	Command     []string                     `json:"command"`
+	Volumes     []string                     `json:"volumes"`
+	Ports       []string                     `json:"ports"`
+	DependsOn   map[string]composeDependency `json:"depends_on"`
+	Healthcheck *composeHealthcheck          `json:"healthcheck"`
+}
+
+type composeDependency struct {
+	Condition string `json:"condition"`
+}
+
+type composeHealthcheck struct {
+	Test        []string `json:"test"`
+	Interval    string   `json:"interval"`
+	Timeout     string   `json:"timeout"`
+	Retries     int      `json:"retries"`
+	StartPeriod string   `json:"start_period"`
 }
 
 type composeBuild struct {
@@ -76,10 +90,12 @@ func TestComposeServices(t *testing.T) {
 					t.Errorf("service %s: build file: %v", name, err)
 				}
 			}
+		case slices.ContainsFunc(names, func(n string) bool { return c.Services[n].Build != nil && c.Services[n].Image == s.Image }):
+			// the image another service of the stack builds
 		case !pinnedTag.MatchString(s.Image):
 			t.Errorf("service %s: image %q is not pinned to a full release tag", name, s.Image)
 		}
-		for _, dep := range s.DependsOn {
+		for dep := range s.DependsOn {
 			if _, ok := c.Services[dep]; !ok {
 				t.Errorf("service %s depends on unknown service %q", name, dep)
 			}

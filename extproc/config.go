@@ -2,9 +2,7 @@ package extproc
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/tokengate/tokengate/buckets"
@@ -12,8 +10,10 @@ import (
 )
 
 // Config is the server's configuration. It is plain data: the wiring code
-// maps a configuration file onto it and NewServer validates it. The zero
-// value is not valid: Policies, Store and Counter are required.
+// maps a validated configuration file (package config, which holds every
+// rule about policies, buckets and names) onto it, and NewServer fills the
+// defaults without checking the policies again. The zero value is not
+// valid: Policies, Store and Counter are required.
 type Config struct {
 	// Policies are the rate-limit policies, looked up by Name.
 	Policies []Policy
@@ -84,7 +84,8 @@ type Outcome struct {
 // Policy is one named set of limits: how identities are found, the chain of
 // buckets every request passes, concurrency limits, waiting and output caps.
 // It is plain data, copied by NewServer; a zero Policy is invalid (it needs a
-// Name and at least one bucket).
+// Name and at least one bucket). Package config validates policies; the
+// header names here are lower case, as Envoy sends them.
 type Policy struct {
 	Name string
 	// Identities says how a request's identities are found (S9a).
@@ -130,7 +131,7 @@ type Identity struct {
 }
 
 // BucketRule is one bucket of a policy's chain; its store key is described
-// in keys.go and the repository README. Plain data; the zero value is invalid (Name and
+// in keys.go and docs/design.md. Plain data; the zero value is invalid (Name and
 // Limit are required).
 type BucketRule struct {
 	Name string
@@ -164,31 +165,22 @@ const (
 	perModel        = "model"
 )
 
-// normalize fills defaults and returns every problem found, each naming its
-// field.
+// normalize fills defaults. The policies are not checked again: they come
+// from a validated configuration (package config). Only what no
+// configuration file can get wrong is refused here.
 func (c *Config) normalize() error {
 	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
-	}
 	if c.PolicyMetadataKey == "" {
 		c.PolicyMetadataKey = "x-tokengate-policy"
 	}
-	c.PolicyMetadataKey = strings.ToLower(c.PolicyMetadataKey)
 	if c.Namespace == "" {
 		c.Namespace = "tokengate"
 	}
-	if c.SettleTimeout == 0 {
+	if c.SettleTimeout <= 0 {
 		c.SettleTimeout = 2 * time.Second
 	}
-	if c.SettleTimeout < 0 {
-		bad("SettleTimeout", "must not be negative, got %v", c.SettleTimeout)
-	}
-	if c.MaxBodyBytes == 0 {
+	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 8 << 20
-	}
-	if c.MaxBodyBytes < 0 {
-		bad("MaxBodyBytes", "must not be negative, got %d", c.MaxBodyBytes)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -197,131 +189,38 @@ func (c *Config) normalize() error {
 		c.Now = time.Now
 	}
 	if c.Store == nil {
-		bad("Store", "is required")
+		errs = append(errs, errors.New("Store is required"))
 	}
 	if c.counter == nil {
 		if c.Counter == nil {
-			bad("Counter", "is required")
+			errs = append(errs, errors.New("Counter is required"))
 		} else {
 			c.counter = tokenizerCounter{c.Counter}
 		}
 	}
-	if len(c.Policies) == 0 {
-		bad("Policies", "at least one policy is required")
-	}
-	names := map[string]bool{}
 	for i := range c.Policies {
 		p := &c.Policies[i]
-		f := fmt.Sprintf("Policies[%d]", i)
-		if p.Name == "" {
-			bad(f+".Name", "is required")
-		} else if names[p.Name] {
-			bad(f+".Name", "duplicate policy %q", p.Name)
+		if p.Anonymous == "" {
+			p.Anonymous = anonymousShared
 		}
-		names[p.Name] = true
-		errs = append(errs, p.normalize(f)...)
-	}
-	if c.DefaultPolicy != "" && !names[c.DefaultPolicy] {
-		bad("DefaultPolicy", "names no policy: %q", c.DefaultPolicy)
+		for j := range p.Concurrency {
+			if p.Concurrency[j].Lease == 0 {
+				p.Concurrency[j].Lease = 10 * time.Minute
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
 
-func (p *Policy) normalize(f string) []error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s.%s: %s", f, field, fmt.Sprintf(format, args...)))
+// Allowance is the output allowance a request of this policy reserves: the
+// allowance the counter found (the request's cap, history or the default,
+// S7), lowered to the policy's MaxOutputTokens (S14). The reservation is
+// c.InputTokens plus it.
+func (p *Policy) Allowance(c tokenizer.Count) int {
+	if m := p.MaxOutputTokens; m > 0 && c.OutputAllowance > m {
+		return m
 	}
-	switch p.Anonymous {
-	case "":
-		p.Anonymous = anonymousShared
-	case anonymousShared, anonymousReject:
-	default:
-		bad("Anonymous", "must be %q or %q, got %q", anonymousShared, anonymousReject, p.Anonymous)
-	}
-	ids := map[string]bool{}
-	for i, id := range p.Identities {
-		g := fmt.Sprintf("Identities[%d]", i)
-		switch {
-		case id.Name == "":
-			bad(g+".Name", "is required")
-		case id.Name == perModel:
-			bad(g+".Name", "%q is reserved for per-model buckets", perModel)
-		case ids[id.Name]:
-			bad(g+".Name", "duplicate identity %q", id.Name)
-		}
-		ids[id.Name] = true
-		switch {
-		case id.Header != "" && id.Metadata != "":
-			bad(g, "set either Header or Metadata, not both")
-		case id.Header == "" && id.Metadata == "":
-			bad(g, "one of Header or Metadata is required")
-		case id.Metadata != "" && id.Path == "":
-			bad(g+".Path", "is required with Metadata")
-		}
-		p.Identities[i].Header = strings.ToLower(id.Header)
-	}
-	per := func(g, v string) {
-		if v != "" && v != perModel && !ids[v] {
-			bad(g+".Per", "names no identity of the policy: %q", v)
-		}
-	}
-	if len(p.Buckets) == 0 {
-		bad("Buckets", "at least one bucket is required")
-	}
-	bnames := map[string]bool{}
-	for i, b := range p.Buckets {
-		g := fmt.Sprintf("Buckets[%d]", i)
-		if b.Name == "" {
-			bad(g+".Name", "is required")
-		} else if bnames[b.Name] {
-			bad(g+".Name", "duplicate bucket %q", b.Name)
-		}
-		bnames[b.Name] = true
-		per(g, b.Per)
-		if b.Limit.Capacity <= 0 {
-			bad(g+".Limit.Capacity", "must be positive, got %v", b.Limit.Capacity)
-		}
-		if b.Limit.Rate <= 0 {
-			bad(g+".Limit.Rate", "must be positive, got %v", b.Limit.Rate)
-		}
-		if b.MaxDebt < 0 {
-			bad(g+".MaxDebt", "must not be negative, got %v", b.MaxDebt)
-		}
-		if b.Headroom < 0 || (b.Limit.Capacity > 0 && b.Headroom >= b.Limit.Capacity) {
-			bad(g+".Headroom", "must be in [0, capacity), got %v", b.Headroom)
-		}
-	}
-	for i, c := range p.Concurrency {
-		g := fmt.Sprintf("Concurrency[%d]", i)
-		if c.Name == "" {
-			bad(g+".Name", "is required")
-		} else if bnames[c.Name] {
-			bad(g+".Name", "duplicate name %q", c.Name)
-		}
-		bnames[c.Name] = true
-		per(g, c.Per)
-		if c.Max <= 0 {
-			bad(g+".Max", "must be positive, got %d", c.Max)
-		}
-		if c.Lease < 0 {
-			bad(g+".Lease", "must not be negative, got %v", c.Lease)
-		}
-		if c.Lease == 0 {
-			p.Concurrency[i].Lease = 10 * time.Minute
-		}
-	}
-	if p.MaxWait < 0 {
-		bad("MaxWait", "must not be negative, got %v", p.MaxWait)
-	}
-	if p.MaxQueue < 0 {
-		bad("MaxQueue", "must not be negative, got %d", p.MaxQueue)
-	}
-	if p.MaxOutputTokens < 0 {
-		bad("MaxOutputTokens", "must not be negative, got %d", p.MaxOutputTokens)
-	}
-	p.PriorityHeader = strings.ToLower(p.PriorityHeader)
-	return errs
+	return c.OutputAllowance
 }
 
 // tokenCounter counts a request before it is forwarded and learns output

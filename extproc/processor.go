@@ -221,10 +221,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		return p.immediate(badRequest(code, err.Error()), send)
 	}
 	p.count = c
-	p.allowance = c.OutputAllowance
-	if m := p.pol.MaxOutputTokens; m > 0 && p.allowance > m {
-		p.allowance = m
-	}
+	p.allowance = p.pol.Allowance(c)
 	cost := c.InputTokens + p.allowance
 	req := buckets.Request{ID: p.id + "-" + randomID()[:8], Cost: float64(cost), Priority: p.priority}
 	for _, r := range p.pol.Buckets {

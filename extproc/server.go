@@ -35,8 +35,9 @@ type Server struct {
 	wg      sync.WaitGroup
 }
 
-// NewServer validates cfg and returns a Server. The error lists every
-// problem found, each naming its field.
+// NewServer returns a Server for cfg, whose policies come from a validated
+// configuration (package config); it fills defaults and refuses only a
+// missing Store or Counter.
 func NewServer(cfg Config) (*Server, error) {
 	cfg.Policies = append([]Policy(nil), cfg.Policies...)
 	for i := range cfg.Policies {

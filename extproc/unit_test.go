@@ -68,33 +68,14 @@ func mustStruct(t *testing.T, m map[string]any) *structpb.Struct {
 	return s
 }
 
-// S1, S23: every configuration problem is reported at once, naming its
-// field.
+// NewServer refuses only what no configuration file can get wrong; the
+// policies' rules live in package config.
 func TestConfigErrors(t *testing.T) {
-	_, err := NewServer(Config{
-		DefaultPolicy: "nope",
-		Policies: []Policy{{
-			Name: "p", Anonymous: "maybe",
-			Identities: []Identity{{Name: "k"}, {Name: "model", Header: "x"}},
-			Buckets: []BucketRule{
-				{Name: "a", Per: "ghost", Limit: buckets.Limit{Capacity: 0, Rate: 1}},
-				{Name: "a", Limit: buckets.Limit{Capacity: 10, Rate: -1}, Headroom: 10},
-			},
-			Concurrency:     []ConcurrencyRule{{Name: "c", Max: 0}},
-			MaxOutputTokens: -1,
-		}, {Name: "p"}},
-	})
+	_, err := NewServer(Config{Policies: []Policy{{Name: "p", Buckets: []BucketRule{{Name: "b", Limit: buckets.Limit{Capacity: 1, Rate: 1}}}}}})
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{
-		"Store: is required", "Counter: is required", "DefaultPolicy: names no policy",
-		"Policies[0].Anonymous", "Policies[0].Identities[0]: one of Header or Metadata",
-		"Policies[0].Identities[1].Name", "Policies[0].Buckets[0].Per", "Policies[0].Buckets[0].Limit.Capacity",
-		"Policies[0].Buckets[1].Name: duplicate", "Policies[0].Buckets[1].Limit.Rate", "Policies[0].Buckets[1].Headroom",
-		"Policies[0].Concurrency[0].Max", "Policies[0].MaxOutputTokens", "Policies[1].Name: duplicate",
-		"Policies[1].Buckets: at least one",
-	} {
+	for _, want := range []string{"Store is required", "Counter is required"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

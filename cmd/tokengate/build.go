@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -42,11 +43,19 @@ func (p *parts) close() {
 	}
 }
 
-func build(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*parts, error) {
+// buildOptions lets the demo run serve's wiring on a clock it can advance
+// and watch each request's outcome; serve leaves both nil.
+type buildOptions struct {
+	now      func() time.Time      // the store's and the server's clock; nil is time.Now
+	onFinish func(extproc.Outcome) // called after the metrics see each outcome
+}
+
+// build makes everything serve runs from one validated configuration.
+func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts buildOptions) (*parts, error) {
 	p := &parts{registry: prometheus.NewRegistry()}
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.metrics = metrics.New(p.registry)
-	store, closeStore, err := buildStore(ctx, cfg, logger)
+	store, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
 	if err != nil {
 		return nil, err
 	}
@@ -58,23 +67,27 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*parts
 		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback}
 		if cfg.Store.OnFailure == "open" {
 			opts.Mode = failover.Open
-			opts.Fallback = buckets.PerMinute(cfg.Store.Fallback.TokensPerMinute, cfg.Store.Fallback.Burst)
+			opts.Fallback = cfg.Store.Fallback.Limit()
 		}
 		p.failover = failover.New(store, opts)
 		store = p.failover
 	}
 	p.store = store
-	p.counter, err = tokenizer.New(tokenizer.Options{
-		FallbackEncoding:    cfg.Tokenizer.FallbackEncoding,
-		DefaultOutputTokens: cfg.Tokenizer.DefaultOutputTokens,
-		MaxOutputTokens:     cfg.Tokenizer.MaxOutputTokens,
-	})
+	p.counter, err = newCounter(cfg)
 	if err != nil {
 		p.close()
-		return nil, fmt.Errorf("tokenizer: %w", err)
+		return nil, err
 	}
-	sc := serverConfig(cfg, store, p.counter, logger)
+	sc, err := serverConfig(cfg, store, p.counter, logger)
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	sc.Now = opts.now
 	sc.OnFinish = p.metrics.Finish
+	if f := opts.onFinish; f != nil {
+		sc.OnFinish = func(o extproc.Outcome) { p.metrics.Finish(o); f(o) }
+	}
 	p.server, err = extproc.NewServer(sc)
 	if err != nil {
 		p.close()
@@ -84,8 +97,22 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*parts
 	return p, nil
 }
 
-// serverConfig maps the configuration file onto the server's plain data.
-func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Counter, logger *slog.Logger) extproc.Config {
+// newCounter is the token counter of a configuration: serve, the demo and
+// count all build theirs here, so they count and allow output alike.
+func newCounter(cfg *config.Config) (*tokenizer.Counter, error) {
+	c, err := tokenizer.New(tokenizer.Options{
+		FallbackEncoding:    cfg.Tokenizer.FallbackEncoding,
+		DefaultOutputTokens: cfg.Tokenizer.DefaultOutputTokens,
+		MaxOutputTokens:     cfg.Tokenizer.MaxOutputTokens,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	return c, nil
+}
+
+// serverConfig maps a validated configuration onto the server's plain data.
+func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Counter, logger *slog.Logger) (extproc.Config, error) {
 	sc := extproc.Config{
 		DefaultPolicy:     cfg.DefaultPolicy,
 		PolicyMetadataKey: cfg.PolicyMetadataKey,
@@ -95,7 +122,15 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 		MaxBodyBytes:      cfg.Listeners.MaxRecvMsgBytes,
 		Logger:            logger,
 	}
-	for _, cp := range cfg.Policies {
+	policies, err := policies(cfg)
+	sc.Policies = policies
+	return sc, err
+}
+
+// policies maps the configuration's policies onto the server's.
+func policies(cfg *config.Config) ([]extproc.Policy, error) {
+	var out []extproc.Policy
+	for i, cp := range cfg.Policies {
 		p := extproc.Policy{
 			Name:            cp.Name,
 			Anonymous:       cp.Anonymous,
@@ -112,27 +147,22 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 				Name: id.Name, Header: id.Header, Metadata: id.Metadata, Path: id.Path, Hash: id.Hash,
 			})
 		}
-		for _, b := range cp.Buckets {
-			r := extproc.BucketRule{Name: b.Name, Per: b.Per, Hard: b.Hard, MaxDebt: b.MaxDebt}
-			if pl := b.ProviderLimit; pl != nil {
-				bp := buckets.ProviderLimit{TokensPerMinute: pl.TokensPerMinute, PriorityHeadroom: pl.PriorityHeadroom}
-				if pl.SafetyFactor != nil {
-					bp.SafetyFactor = *pl.SafetyFactor
-				}
-				// The configuration was validated, so the derivation cannot fail.
-				pb, _ := bp.Bucket(b.Name, "")
-				r.Limit, r.Headroom, r.Provider = pb.Limit, pb.Headroom, true
-			} else {
-				r.Limit = buckets.PerMinute(b.TokensPerMinute, b.Burst)
+		for j, b := range cp.Buckets {
+			limit, headroom, err := b.Limit()
+			if err != nil {
+				return nil, fmt.Errorf("policies[%d].buckets[%d]: %w", i, j, err)
 			}
-			p.Buckets = append(p.Buckets, r)
+			p.Buckets = append(p.Buckets, extproc.BucketRule{
+				Name: b.Name, Per: b.Per, Limit: limit, Headroom: headroom,
+				Hard: b.Hard, MaxDebt: b.MaxDebt, Provider: b.ProviderLimit != nil,
+			})
 		}
 		for _, c := range cp.Concurrency {
 			p.Concurrency = append(p.Concurrency, extproc.ConcurrencyRule{Name: c.Name, Per: c.Per, Max: c.Max, Lease: c.Lease})
 		}
-		sc.Policies = append(sc.Policies, p)
+		out = append(out, p)
 	}
-	return sc
+	return out, nil
 }
 
 func (p *parts) adminHandler() http.Handler {
@@ -156,10 +186,10 @@ func (p *parts) adminHandler() http.Handler {
 
 // buildStore makes the configured bucket store. The returned function closes
 // its connections.
-func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger) (buckets.Store, func() error, error) {
+func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, now func() time.Time) (buckets.Store, func() error, error) {
 	switch cfg.Store.Type {
 	case "memory":
-		return buckets.NewMemory(buckets.MemoryOptions{}), nil, nil
+		return buckets.NewMemory(buckets.MemoryOptions{Now: now}), nil, nil
 	case "redis":
 		rc := cfg.Store.Redis
 		opts := &redis.UniversalOptions{

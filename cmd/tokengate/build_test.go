@@ -33,7 +33,10 @@ policies:
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := serverConfig(cfg, buckets.NewMemory(buckets.MemoryOptions{}), nil, slog.New(slog.DiscardHandler))
+	sc, err := serverConfig(cfg, buckets.NewMemory(buckets.MemoryOptions{}), nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []extproc.Policy{{
 		Name:       "p",
 		Identities: []extproc.Identity{{Name: "key", Header: "authorization", Hash: true}},

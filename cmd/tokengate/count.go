@@ -3,58 +3,53 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
+	"github.com/tokengate/tokengate/extproc"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
-// countUsage documents `tokengate count`.
-const countUsage = `usage: tokengate count [flags] FILE|-
-
-Prints what a request body will cost before it is forwarded: its input
-tokens, output allowance, reservation (input + allowance) and encoding.
-The API is detected from --path or the body's shape unless --api is given.
-
-flags:
-`
+// countHelp documents `tokengate count`.
+const countHelp = `
+Prints what a request body reserves when serve admits it: its input tokens,
+its output allowance (the request's largest output cap, else the
+configured default, lowered to the policy's max_output_tokens) and their
+sum, the reservation, with the encoding that counted it. It counts with the
+configuration serve would run on (--config, else the embedded defaults) and
+the policy a route names (--policy, else default_policy), so unknown models
+and caps are treated as serve treats them. Learned output estimates (S7)
+exist only in a running server; count shows a first request. FILE - reads
+the body from stdin. The API is detected from --path or the body's shape
+unless --api is given.`
 
 // countResult is the --json output of `tokengate count`.
 type countResult struct {
+	Policy          string `json:"policy"`
 	InputTokens     int    `json:"input_tokens"`
 	OutputAllowance int    `json:"output_allowance"`
 	Reservation     int    `json:"reservation"`
 	Encoding        string `json:"encoding"`
 }
 
-// runCount implements `tokengate count [--model M] [--api API] [--path P]
-// [--fallback-encoding E] [--default-output N] [--json] FILE|-`.
+// runCount implements `tokengate count`.
 func runCount(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("count", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	model := fs.String("model", "", "model to count for, overriding the body's `model`")
-	api := fs.String("api", "", "body shape: chat, completions, embeddings, responses, messages or gemini (default: detect)")
-	path := fs.String("path", "", "HTTP path of the request, e.g. /v1/chat/completions; names the model for Azure and Gemini")
-	fallback := fs.String("fallback-encoding", "", "encoding for unknown models (o200k_base or cl100k_base); default: refuse them")
-	defaultOut := fs.Int("default-output", 0, "output allowance of a request without a cap (default 4096)")
-	asJSON := fs.Bool("json", false, "print one JSON object: input_tokens, output_allowance, reservation, encoding")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, countUsage)
-		fs.PrintDefaults()
+	fs := newFlagSet("count")
+	path := fs.String("config", "", "tokengate configuration `FILE` to count with (embedded defaults when empty)")
+	policyName := fs.String("policy", "", "the `NAME` of the policy the route selects (default: the configuration's default_policy)")
+	model := fs.String("model", "", "`MODEL` to count for, overriding the body's model")
+	api := fs.String("api", "", "body shape (`API`): chat, completions, embeddings, responses, messages or gemini (default: detect)")
+	reqPath := fs.String("path", "", "HTTP `PATH` of the request, e.g. /v1/chat/completions; names the model for Azure and Gemini")
+	asJSON := fs.Bool("json", false, "print one JSON object: policy, input_tokens, output_allowance, reservation, encoding")
+	rest, err := parseArgs(fs, args, stdout)
+	if err != nil {
+		return err
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return usageError{fmt.Sprintf("count: %v", err)}
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return usageError{fmt.Sprintf("count: want exactly one FILE or -, got %d arguments", fs.NArg())}
+	if len(rest) != 1 {
+		return usageError{fmt.Sprintf("count: want exactly one FILE or -, got %d arguments (see tokengate count --help)", len(rest))}
 	}
 	var apiName tokenizer.API
 	if *api != "" {
@@ -66,40 +61,60 @@ func runCount(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			return usageError{fmt.Sprintf("count: --api %q: want chat, completions, embeddings, responses, messages or gemini", *api)}
 		}
 	}
-	body, name, err := readCountInput(ctx, fs.Arg(0), stdin)
+	cfg, err := loadConfig(*path)
 	if err != nil {
 		return err
 	}
-	counter, err := tokenizer.New(tokenizer.Options{
-		FallbackEncoding:    *fallback,
-		DefaultOutputTokens: *defaultOut,
-	})
+	// The policies and the counter are made exactly as serve makes them.
+	pols, err := policies(cfg)
 	if err != nil {
-		return fmt.Errorf("count: %w", err)
+		return err
 	}
-	c, err := counter.Count(tokenizer.Request{API: apiName, Path: *path, Model: *model, Body: body})
+	name := *policyName
+	if name == "" {
+		name = cfg.DefaultPolicy
+	}
+	i := slices.IndexFunc(pols, func(p extproc.Policy) bool { return p.Name == name })
+	if i < 0 {
+		return usageError{fmt.Sprintf("count: --policy %q: the configuration has no such policy", name)}
+	}
+	pol := &pols[i]
+	counter, err := newCounter(cfg)
 	if err != nil {
-		return fmt.Errorf("count %s: %w", name, err)
+		return err
 	}
+	body, input, err := readCountInput(ctx, rest[0], stdin)
+	if err != nil {
+		return err
+	}
+	c, err := counter.Count(tokenizer.Request{API: apiName, Path: *reqPath, Model: *model, Policy: pol.Name, Body: body})
+	if err != nil {
+		return fmt.Errorf("count %s: %w", input, err)
+	}
+	allowance := pol.Allowance(c)
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(countResult{
+		return json.NewEncoder(stdout).Encode(countResult{
+			Policy:          pol.Name,
 			InputTokens:     c.InputTokens,
-			OutputAllowance: c.OutputAllowance,
-			Reservation:     c.Reservation(),
+			OutputAllowance: allowance,
+			Reservation:     c.InputTokens + allowance,
 			Encoding:        c.Encoding,
 		})
 	}
-	input := ""
+	exact := ""
 	if !c.Exact {
-		input = " (estimate: this model family's tokenizer is not public)"
+		exact = " (estimate: this model family's tokenizer is not public)"
+	}
+	source := string(c.AllowanceSource)
+	if allowance < c.OutputAllowance {
+		source = fmt.Sprintf("policy max_output_tokens; the %s gave %d", c.AllowanceSource, c.OutputAllowance)
 	}
 	encoding := ""
 	if c.Fallback {
 		encoding = " (fallback: unknown model)"
 	}
-	_, err = fmt.Fprintf(stdout, "api               %s\nmodel             %s\ninput_tokens      %d%s\noutput_allowance  %d (%s)\nreservation       %d\nencoding          %s%s\n",
-		c.API, c.Model, c.InputTokens, input, c.OutputAllowance, c.AllowanceSource, c.Reservation(), c.Encoding, encoding)
+	_, err = fmt.Fprintf(stdout, "policy            %s\napi               %s\nmodel             %s\ninput_tokens      %d%s\noutput_allowance  %d (%s)\nreservation       %d\nencoding          %s%s\n",
+		pol.Name, c.API, c.Model, c.InputTokens, exact, allowance, source, c.InputTokens+allowance, c.Encoding, encoding)
 	return err
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,7 +20,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/envoy/standin"
 	"github.com/tokengate/tokengate/examples/mockllm"
@@ -43,6 +41,7 @@ func (c *demoClock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 // memory store, and the Envoy stand-in in front.
 type demoEnv struct {
 	base     string // the stand-in's URL
+	admin    string // the admin listener's URL, when there is one
 	mock     *mockllm.Server
 	proxy    *standin.Proxy
 	clock    *demoClock
@@ -58,10 +57,14 @@ func (e *demoEnv) close() {
 
 type demoOptions struct {
 	listen     string // the stand-in's address
+	admin      string // the admin listener's address; empty runs none
 	tokenDelay time.Duration
+	logger     *slog.Logger
 }
 
-func startDemo(opts demoOptions) (*demoEnv, error) {
+// startDemo runs tokengate with serve's own wiring (build) on the demo's
+// configuration, behind the Envoy stand-in and in front of the mock LLM.
+func startDemo(ctx context.Context, opts demoOptions) (*demoEnv, error) {
 	cfg, err := config.Parse("demo.yaml", demoYAML)
 	if err != nil {
 		return nil, err
@@ -74,14 +77,20 @@ func startDemo(opts demoOptions) (*demoEnv, error) {
 		}
 	}()
 
-	counter, err := tokenizer.New(tokenizer.Options{
-		FallbackEncoding:    cfg.Tokenizer.FallbackEncoding,
-		DefaultOutputTokens: cfg.Tokenizer.DefaultOutputTokens,
-		MaxOutputTokens:     cfg.Tokenizer.MaxOutputTokens,
+	parts, err := build(ctx, cfg, opts.logger, buildOptions{
+		now: env.clock.Now,
+		onFinish: func(o extproc.Outcome) {
+			select {
+			case env.outcomes <- o:
+			default:
+			}
+		},
 	})
 	if err != nil {
 		return nil, err
 	}
+	env.closers = append(env.closers, parts.close)
+	counter := parts.counter
 
 	// The mock LLM. The demo's second route, /capped, reaches the same mock.
 	env.mock = mockllm.New(mockllm.Config{
@@ -108,28 +117,24 @@ func startDemo(opts demoOptions) (*demoEnv, error) {
 	go upSrv.Serve(upLis)
 	env.closers = append(env.closers, func() { upSrv.Close() })
 
-	// tokengate itself, wired from the demo configuration like `serve` does.
-	store := buckets.NewMemory(buckets.MemoryOptions{Now: env.clock.Now})
-	sc := serverConfig(cfg, store, counter, slog.New(slog.DiscardHandler))
-	sc.Now = env.clock.Now
-	sc.OnFinish = func(o extproc.Outcome) {
-		select {
-		case env.outcomes <- o:
-		default:
-		}
-	}
-	srv, err := extproc.NewServer(sc)
-	if err != nil {
-		return nil, err
-	}
 	gLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	gs := grpc.NewServer()
-	srv.Register(gs)
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Listeners.MaxRecvMsgBytes))
+	parts.server.Register(gs)
 	go gs.Serve(gLis)
 	env.closers = append(env.closers, gs.Stop)
+	if opts.admin != "" {
+		aLis, err := net.Listen("tcp", opts.admin)
+		if err != nil {
+			return nil, fmt.Errorf("--admin: %w", err)
+		}
+		as := &http.Server{Handler: parts.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go as.Serve(aLis)
+		env.closers = append(env.closers, func() { as.Close() })
+		env.admin = "http://" + aLis.Addr().String()
+	}
 	conn, err := grpc.NewClient(gLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
@@ -138,15 +143,15 @@ func startDemo(opts demoOptions) (*demoEnv, error) {
 
 	// The Envoy stand-in: two routes, each naming its policy the way
 	// ExtProcPerRoute.overrides.grpc_initial_metadata does in Envoy.
-	u, _ := url.Parse("http://" + upLis.Addr().String())
+	u := &url.URL{Scheme: "http", Host: upLis.Addr().String()}
 	env.proxy, err = standin.New(standin.Config{
 		ExtProc:             conn,
 		Upstream:            u,
 		MessageTimeout:      10 * time.Second,
-		ReceivingNamespaces: []string{"tokengate"},
+		ReceivingNamespaces: []string{cfg.Namespace},
 		Routes: []standin.Route{
-			{Prefix: "/capped/", InitialMetadata: map[string]string{"x-tokengate-policy": "capped"}},
-			{Prefix: "/", InitialMetadata: map[string]string{"x-tokengate-policy": "demo"}},
+			{Prefix: "/capped/", InitialMetadata: map[string]string{cfg.PolicyMetadataKey: "capped"}},
+			{Prefix: "/", InitialMetadata: map[string]string{cfg.PolicyMetadataKey: "demo"}},
 		},
 	})
 	if err != nil {
@@ -177,6 +182,17 @@ func (e *demoEnv) lastUpstream(ctx context.Context, n int) (mockllm.Record, erro
 	return recs[n-1], nil
 }
 
+// outcome waits for the next request's outcome and requires its decision:
+// every request the tour makes is read in turn, so the next step's outcome
+// is its own.
+func (e *demoEnv) outcome(ctx context.Context, decision string) (extproc.Outcome, error) {
+	o, err := e.nextOutcome(ctx)
+	if err == nil && o.Decision != decision {
+		err = fmt.Errorf("the request's outcome is %q, want %q", o.Decision, decision)
+	}
+	return o, err
+}
+
 // nextOutcome waits for the next settled request.
 func (e *demoEnv) nextOutcome(ctx context.Context) (extproc.Outcome, error) {
 	select {
@@ -189,33 +205,57 @@ func (e *demoEnv) nextOutcome(ctx context.Context) (extproc.Outcome, error) {
 	}
 }
 
+// demoHelp documents `tokengate demo`.
+const demoHelp = `
+Runs the mock LLM, the Envoy stand-in and tokengate (memory store, the
+demo's small buckets) in one process, and walks through admission, a 429
+with Retry-After, a 413, a stream cut with finish_reason "length", and debt,
+with the OpenAI Go SDK as the client. It exits 0 when every step behaved.
+
+With --serve the stack stays up on --listen (default 127.0.0.1:8080) for
+curl or an SDK, logs JSON lines to stderr, and serves /metrics, /healthz
+and /readyz on --admin, like serve.`
+
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("demo")
 	serveMode := fs.Bool("serve", false, "keep the stack listening and print curl and SDK lines to try")
-	listen := fs.String("listen", "127.0.0.1:0", "address of the Envoy stand-in (with --serve, e.g. 127.0.0.1:8080)")
-	delay := fs.Duration("token-delay", 4*time.Millisecond, "the mock LLM's delay per output token")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	listen := fs.String("listen", "", "`ADDR`ess of the Envoy stand-in (default 127.0.0.1:8080 with --serve, a free port without)")
+	admin := fs.String("admin", "127.0.0.1:9090", "`ADDR`ess of /metrics, /healthz and /readyz with --serve")
+	delay := fs.Duration("token-delay", 4*time.Millisecond, "the mock LLM's `DELAY` per output token")
+	rest, err := parseArgs(fs, args, stdout)
+	if err != nil {
+		return err
 	}
-	if *serveMode && *listen == "127.0.0.1:0" {
-		*listen = "127.0.0.1:8080"
+	if len(rest) > 0 {
+		return usageError{fmt.Sprintf("demo: takes no arguments, got %q", rest)}
 	}
-	env, err := startDemo(demoOptions{listen: *listen, tokenDelay: *delay})
+	opts := demoOptions{listen: *listen, tokenDelay: *delay, logger: slog.New(slog.DiscardHandler)}
+	if *serveMode {
+		if opts.listen == "" {
+			opts.listen = "127.0.0.1:8080"
+		}
+		opts.admin = *admin
+		opts.logger = slog.New(slog.NewJSONHandler(stderr, nil))
+	} else if opts.listen == "" {
+		opts.listen = "127.0.0.1:0"
+	}
+	env, err := startDemo(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer env.close()
 	if *serveMode {
-		printServeHelp(stdout, env.base)
+		opts.logger.Info("tokengate demo stack listening", "envoy_standin", env.base, "admin", env.admin)
+		printServeHelp(stdout, env.base, env.admin)
 		<-ctx.Done()
 		return nil
 	}
 	return tour(ctx, env, stdout)
 }
 
-func printServeHelp(w io.Writer, base string) {
+func printServeHelp(w io.Writer, base, admin string) {
 	fmt.Fprintf(w, `tokengate demo stack listening on %[1]s (Envoy stand-in → tokengate → mock LLM)
+metrics on %[2]s/metrics
 policies: "demo" on %[1]s/v1/… (1000-token burst, 600 tokens/min per x-user-id)
           "capped" on %[1]s/capped/v1/… (80 output tokens per request, then the stream is cut)
 
@@ -229,7 +269,7 @@ with the OpenAI Python SDK:
   OpenAI(base_url="%[1]s/v1", api_key="demo", default_headers={"x-user-id": "me"})
 
 Ctrl-C stops it.
-`, base)
+`, base, admin)
 }
 
 // tour runs the scripted walk through admission, refusal, cut-off and debt.
@@ -266,7 +306,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("step 1: %w", err)
 	}
-	o, err := env.nextOutcome(ctx)
+	o, err := env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -282,7 +322,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("step 2: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -309,12 +349,15 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 			if apiErr.StatusCode != http.StatusTooManyRequests || h.Get("Retry-After") == "" {
 				return fmt.Errorf("step 3: expected a 429 with Retry-After, got %d", apiErr.StatusCode)
 			}
+			if _, err := env.outcome(ctx, "refused_tokens"); err != nil {
+				return fmt.Errorf("step 3: %w", err)
+			}
 			break
 		}
 		if err != nil {
 			return fmt.Errorf("step 3: %w", err)
 		}
-		o, err := env.nextOutcome(ctx)
+		o, err := env.outcome(ctx, "admitted")
 		if err != nil {
 			return err
 		}
@@ -333,10 +376,20 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusRequestEntityTooLarge {
 		return fmt.Errorf("step 4: expected 413, got %v", err)
 	}
-	sent := len(env.proxy.Log()) - before
+	// The stand-in logs a request once its answer is written, just after
+	// the SDK has it.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	logged, err := env.proxy.WaitLog(wctx, before+1)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("step 4: the stand-in logged no request: %w", err)
+	}
+	sent := len(logged) - before
 	say("HTTP %d, no Retry-After (%q); requests sent by an SDK allowed 2 retries: %d", apiErr.StatusCode, apiErr.Response.Header.Get("Retry-After"), sent)
 	say("body: %s", strings.TrimSpace(apiErr.RawJSON()))
-	drainOutcomes(env)
+	if _, err := env.outcome(ctx, "never_admissible"); err != nil {
+		return fmt.Errorf("step 4: %w", err)
+	}
 
 	// 5. Cut-off at a hard budget.
 	step(5, "dave streams on the \"capped\" route (80 output tokens per request) but asks for 300")
@@ -346,7 +399,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("step 5: the SDK saw an unclean end: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -365,7 +418,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if _, err := client("carol").Chat.Completions.New(ctx, ask("Draft an essay outline.", 400)); err != nil {
 		return fmt.Errorf("step 6: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -373,7 +426,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	if _, err := client("carol").Chat.Completions.New(ctx, ask("Now write the whole essay.", 0)); err != nil {
 		return fmt.Errorf("step 6: %w", err)
 	}
-	o, err = env.nextOutcome(ctx)
+	o, err = env.outcome(ctx, "admitted")
 	if err != nil {
 		return err
 	}
@@ -420,16 +473,6 @@ func streamWithProgress(w io.Writer, stream *ssestream.Stream[openai.ChatComplet
 		}
 	}
 	return chunks, finish, sawUsage, stream.Err()
-}
-
-func drainOutcomes(env *demoEnv) {
-	for {
-		select {
-		case <-env.outcomes:
-		default:
-			return
-		}
-	}
 }
 
 func countWords(s string) int { return len(strings.Fields(s)) }

@@ -1,11 +1,16 @@
 // Command tokengate is an Envoy external-processing server that rate-limits
 // LLM traffic by tokens.
 //
-//	tokengate serve [--config FILE]   run the ext_proc server
-//	tokengate validate FILE...        check tokengate configs and Envoy YAML
-//	tokengate demo [--serve]          a scripted tour, no Envoy, Docker or keys needed
-//	tokengate count [flags] FILE|-    what a request body will cost
-//	tokengate mock-llm --listen ADDR  the mock LLM upstream of the demo stack
+//	tokengate serve [--config FILE]     run the ext_proc server
+//	tokengate validate FILE...          check tokengate configs and Envoy YAML
+//	tokengate count [flags] FILE|-      what a request body reserves
+//	tokengate demo [--serve]            a scripted tour, no Envoy, Docker or keys needed
+//	tokengate health [--url URL]        probe a running tokengate's /readyz
+//	tokengate mock-llm [--listen ADDR]  the mock LLM upstream of the demo stack
+//	tokengate version                   the version and commit of this binary
+//
+// `tokengate help COMMAND` or `tokengate COMMAND --help` prints a command's
+// flags. Usage mistakes exit with status 2, other failures with 1.
 package main
 
 import (
@@ -16,6 +21,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/tokengate/tokengate/config"
 )
 
 func main() {
@@ -23,10 +30,22 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		if !errors.Is(err, errReported) {
-			fmt.Fprintln(os.Stderr, "tokengate:", err)
-		}
+		report(os.Stderr, err)
 		os.Exit(exitCode(err))
+	}
+}
+
+// report prints err for the user: configuration problems one per line as
+// validate prints them (file:line: field: message), anything else on one
+// line after "tokengate: ".
+func report(w io.Writer, err error) {
+	var ps config.Problems
+	switch {
+	case errors.Is(err, errReported):
+	case errors.As(err, &ps):
+		fmt.Fprintln(w, ps.Error())
+	default:
+		fmt.Fprintln(w, "tokengate:", err)
 	}
 }
 
@@ -46,39 +65,28 @@ func exitCode(err error) int {
 	return 1
 }
 
-const usage = `usage: tokengate <command> [arguments]
-
-commands:
-  serve [--config FILE]     run the ext_proc server (embedded defaults without --config)
-  validate FILE...          validate tokengate configs and Envoy YAML
-  demo [--serve]            run a scripted tour in one process: mock LLM, Envoy stand-in, tokengate
-  count [flags] FILE|-      print the input tokens, output allowance and reservation of a request body
-  mock-llm --listen ADDR    serve the mock OpenAI/Anthropic upstream used by the demo stack
-`
-
 // run is the whole program behind main, testable in-process.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	s := stdio{in: stdin, out: stdout, errOut: stderr}
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return usageError{"no command given"}
+		printUsage(stderr)
+		return usageError{"no command given (see tokengate --help)"}
 	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "serve":
-		return runServe(ctx, rest, stdout, stderr)
-	case "validate":
-		return runValidate(ctx, rest, stdout, stderr)
-	case "demo":
-		return runDemo(ctx, rest, stdout, stderr)
-	case "count":
-		return runCount(ctx, rest, stdin, stdout, stderr)
-	case "mock-llm":
-		return runMockLLM(ctx, rest, stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	name, rest := args[0], args[1:]
+	switch name {
+	case "-h", "-help", "--help":
+		printUsage(stdout)
 		return nil
-	default:
-		fmt.Fprint(stderr, usage)
-		return usageError{fmt.Sprintf("unknown command %q", cmd)}
+	case "--version", "-version":
+		name = "version"
 	}
+	c, ok := lookup(name)
+	if !ok {
+		return usageError{fmt.Sprintf("unknown command %q (see tokengate --help)", name)}
+	}
+	err := c.run(ctx, rest, s)
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return err
 }

@@ -27,7 +27,8 @@ import (
 )
 
 // The demo is the README's first command: it must exit 0 and show a 429 with
-// Retry-After, a 413 and a stream cut with finish_reason "length".
+// Retry-After, a 413 and a stream cut with finish_reason "length", and the
+// README's excerpt of it must be what it prints.
 func TestDemo(t *testing.T) {
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -35,22 +36,12 @@ func TestDemo(t *testing.T) {
 	if err := run(ctx, []string{"demo", "--token-delay", "2ms"}, nil, &out, &errOut); err != nil {
 		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
 	}
-	for _, want := range []string{"HTTP 429", "Retry-After: ", "HTTP 413", `finish_reason "length"`, "the upstream was cancelled: true", "admitted again"} {
+	for _, want := range []string{"HTTP 429", "Retry-After: ", "HTTP 413", "allowed 2 retries: 1\n", `finish_reason "length"`, "the upstream was cancelled: true", "admitted again"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
 	}
-}
-
-func TestUsage(t *testing.T) {
-	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"frobnicate"}, nil, &out, &errOut)
-	if exitCode(err) != 2 || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
-		t.Errorf("unknown command: err %v, exit %d", err, exitCode(err))
-	}
-	if err := run(context.Background(), nil, nil, &out, &errOut); exitCode(err) != 2 {
-		t.Errorf("no command: exit %d, want 2", exitCode(err))
-	}
+	checkReadmeDemoExcerpt(t, out.String())
 }
 
 // Every YAML file the project ships validates: tokengate configs and Envoy
@@ -58,7 +49,10 @@ func TestUsage(t *testing.T) {
 func TestValidateShipped(t *testing.T) {
 	var files []string
 	for _, pattern := range []string{"../../envoy/*.yaml", "../../examples/configs/*.yaml", "../../examples/compose/*.yaml", "../../examples/plain-envoy/*.yaml", "../../config/default.yaml", "demo.yaml"} {
-		m, _ := filepath.Glob(pattern)
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
 		files = append(files, m...)
 	}
 	if len(files) < 6 {
@@ -107,8 +101,14 @@ policies:
 		t.Fatal(err)
 	}
 	cfg.ShutdownGrace = 5 * time.Second
-	gl, _ := net.Listen("tcp", "127.0.0.1:0")
-	al, _ := net.Listen("tcp", "127.0.0.1:0")
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, slog.New(slog.DiscardHandler), &listeners{grpc: gl, admin: al}) }()
@@ -130,7 +130,10 @@ policies:
 	// One request through the stand-in to the served tokengate.
 	llm := mockllm.New(mockllm.Config{})
 	up := httptestServer(t, llm)
-	u, _ := url.Parse(up)
+	u, err := url.Parse(up)
+	if err != nil {
+		t.Fatal(err)
+	}
 	proxy, err := standin.New(standin.Config{ExtProc: conn, Upstream: u, MessageTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -188,19 +191,24 @@ policies:
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve did not stop within 10s")
 	}
-	done <- nil
+	done <- nil // for the deferred cancel-and-wait
 }
 
+// Without --config serve runs on the embedded defaults, starts, and says so
+// in its first log line; --grpc and --admin move its listeners.
 func TestServeEmbeddedDefaultsLogFirst(t *testing.T) {
 	var errOut bytes.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // stops right after start-up
-	// The embedded defaults listen on fixed ports; a busy port is an error
-	// that names the listener, which is fine for this check.
-	_ = run(ctx, []string{"serve"}, nil, io.Discard, &errOut)
+	if err := run(ctx, []string{"serve", "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, nil, io.Discard, &errOut); err != nil {
+		t.Fatalf("serve on the embedded defaults: %v\n%s", err, errOut.String())
+	}
 	first, _, _ := strings.Cut(errOut.String(), "\n")
 	if !strings.Contains(first, "embedded defaults") {
 		t.Errorf("first log line = %q, want it to say embedded defaults are used", first)
+	}
+	if !strings.Contains(errOut.String(), `"msg":"listening"`) {
+		t.Errorf("serve never listened:\n%s", errOut.String())
 	}
 }
 
@@ -241,7 +249,15 @@ func httptestServer(t *testing.T, h http.Handler) string {
 		t.Fatal(err)
 	}
 	s := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go s.Serve(l)
-	t.Cleanup(func() { s.Close() })
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(l) }()
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Error(err)
+		}
+	})
 	return "http://" + l.Addr().String()
 }

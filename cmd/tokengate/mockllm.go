@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -14,23 +13,31 @@ import (
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
+// mockLLMHelp documents `tokengate mock-llm`.
+const mockLLMHelp = `
+Serves a mock of the OpenAI chat completions and Anthropic messages APIs,
+streamed or not, with usage, for the docker-compose stack: POST
+/v1/chat/completions and /v1/messages; GET /healthz answers ok. Prompt
+usage is counted with tokengate's own tokenizer, so what it reports matches
+what tokengate counted.`
+
 // runMockLLM serves the mock OpenAI/Anthropic upstream of the compose stack
 // until ctx ends. Prompt usage is counted with tokengate's own tokenizer, so
 // settled and counted tokens agree.
 func runMockLLM(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mock-llm", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("listen", "127.0.0.1:9000", "listen address")
-	tokens := fs.Int("tokens", 200, "output tokens when a request sets no max_tokens")
-	delay := fs.Duration("token-delay", 20*time.Millisecond, "delay before each streamed token")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	fs := newFlagSet("mock-llm")
+	addr := fs.String("listen", "127.0.0.1:9000", "listen `ADDR`ess")
+	tokens := fs.Int("tokens", 200, "output tokens (`N`) when a request sets no max_tokens")
+	delay := fs.Duration("token-delay", 20*time.Millisecond, "delay before each streamed token (`DURATION`)")
+	rest, err := parseArgs(fs, args, stdout)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("mock-llm takes no arguments, got %q", fs.Args())}
+	if len(rest) > 0 {
+		return usageError{fmt.Sprintf("mock-llm: takes no arguments, got %q", rest)}
 	}
 	if *tokens < 1 || *delay < 0 {
-		return usageError{"--tokens must be at least 1 and --token-delay not negative"}
+		return usageError{"mock-llm: --tokens must be at least 1 and --token-delay not negative"}
 	}
 	counter, err := tokenizer.New(tokenizer.Options{FallbackEncoding: "o200k_base"})
 	if err != nil {
@@ -40,21 +47,21 @@ func runMockLLM(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{
-		Handler: mockllm.New(mockllm.Config{
-			DefaultTokens: *tokens,
-			TokenDelay:    *delay,
-			PromptTokens: func(body []byte) int {
-				c, err := counter.Count(tokenizer.Request{Body: body})
-				if err != nil {
-					return mockllm.EstimatePrompt(body)
-				}
-				return c.InputTokens
-			},
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	fmt.Fprintf(stdout, "mock LLM listening on %s (POST /v1/chat/completions, /v1/messages)\n", ln.Addr())
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.Handle("/", mockllm.New(mockllm.Config{
+		DefaultTokens: *tokens,
+		TokenDelay:    *delay,
+		PromptTokens: func(body []byte) int {
+			c, err := counter.Count(tokenizer.Request{Body: body})
+			if err != nil {
+				return mockllm.EstimatePrompt(body)
+			}
+			return c.InputTokens
+		},
+	}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stdout, "mock LLM listening on %s (POST /v1/chat/completions, /v1/messages; GET /healthz)\n", ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,33 +17,50 @@ import (
 	"github.com/tokengate/tokengate/config"
 )
 
+const serveHelp = `
+Runs the ext_proc gRPC server Envoy talks to, the gRPC health service, and
+an admin HTTP listener with /metrics, /healthz and /readyz. Logs are JSON
+lines on stderr.
+
+Without --config it runs on the embedded defaults (config/default.yaml:
+memory store, one policy limiting per hashed API key and globally) and says
+so in its first log line. --grpc and --admin replace the listener addresses
+of the configuration.
+
+On SIGTERM or SIGINT health turns NOT_SERVING first, in-flight streams get
+shutdown_grace, and whatever is still open is settled before it exits.`
+
 // runServe runs the ext_proc server until ctx is cancelled, then shuts down
 // gracefully: health NOT_SERVING first, in-flight streams get the configured
 // grace, every open reservation is settled, then the listeners close.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("config", "", "tokengate configuration file (embedded defaults when empty)")
-	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	fs := newFlagSet("serve")
+	path := fs.String("config", "", "tokengate configuration `FILE` (embedded defaults when empty)")
+	level := fs.String("log-level", "info", "log `LEVEL`: debug, info, warn or error")
+	grpcAddr := fs.String("grpc", "", "listen `ADDR`ess of ext_proc and gRPC health, replacing listeners.grpc")
+	adminAddr := fs.String("admin", "", "listen `ADDR`ess of /metrics, /healthz and /readyz, replacing listeners.admin")
+	rest, err := parseArgs(fs, args, stdout)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("serve takes no arguments, got %q", fs.Args())}
+	if len(rest) > 0 {
+		return usageError{fmt.Sprintf("serve: takes no arguments, got %q (the configuration file goes after --config)", rest)}
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-		return usageError{fmt.Sprintf("--log-level: %v", err)}
+		return usageError{fmt.Sprintf("serve: --log-level %q: want debug, info, warn or error", *level)}
 	}
 	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	routeRedisLogs(logger, lvl)
 
-	cfg := config.Default()
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	if cfg, err = cfg.WithListeners(*grpcAddr, *adminAddr); err != nil {
+		return usageError{fmt.Sprintf("serve: %v", err)}
+	}
 	if *path != "" {
-		c, err := config.Load(*path)
-		if err != nil {
-			return err
-		}
-		cfg = c
 		logger.Info("tokengate starting", "config", *path, "store", cfg.Store.Type, "policies", len(cfg.Policies))
 	} else {
 		logger.Info("tokengate starting on embedded defaults (no --config given): memory store, policy \"default\"",
@@ -53,12 +69,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return serve(ctx, cfg, logger, nil)
 }
 
+// loadConfig is the configuration serve and count run on: the file at path,
+// validated by package config exactly as `tokengate validate` does, or the
+// embedded defaults when path is empty.
+func loadConfig(path string) (*config.Config, error) {
+	if path == "" {
+		return config.Default(), nil
+	}
+	return config.Load(path)
+}
+
 // listeners lets tests pick the sockets; nil listens on the configured
 // addresses.
 type listeners struct{ grpc, admin net.Listener }
 
 func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *listeners) error {
-	parts, err := build(ctx, cfg, logger)
+	parts, err := build(ctx, cfg, logger, buildOptions{})
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,43 +12,18 @@ import (
 	"github.com/tokengate/tokengate/envoy"
 )
 
-const validateUsage = `usage: tokengate validate [--strict] FILE...
-
-Checks tokengate configuration files and Envoy configuration: bootstrap files,
-bare listener, route, cluster or filter snippets, and Kubernetes manifests that
-carry Envoy configuration (Istio EnvoyFilter, Envoy Gateway EnvoyExtensionPolicy).
-Files may hold several YAML documents. Given a tokengate configuration and Envoy
-files together, every policy the Envoy files name must exist in it.
-
-Problems print as FILE:LINE:COLUMN: [warning:] FIELD: MESSAGE (RULE).
-Errors (Envoy would reject the file, or tokengate cannot work with it) fail the
-command with exit status 1; warnings (it works, but loses something) do not.
-
-flags:
-`
-
 // runValidate checks tokengate configuration files and Envoy YAML. It
 // prints every problem with file, position, field and rule, and fails if
 // any file has an error (or, with --strict, a warning).
 func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // a usage error is one line, printed by main
+	fs := newFlagSet("validate")
 	strict := fs.Bool("strict", false, "treat warnings as errors")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), validateUsage)
-		fs.PrintDefaults()
-	}
-	files, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fs.SetOutput(stdout)
-		fs.Usage()
-		return nil
-	}
+	files, err := parseArgs(fs, args, stdout)
 	if err != nil {
-		return usageError{"validate: " + err.Error()}
+		return err
 	}
 	if len(files) == 0 {
-		return usageError{"validate needs at least one file"}
+		return usageError{"validate: needs at least one FILE (see tokengate validate --help)"}
 	}
 
 	// tokengate configurations first: the Envoy files are checked against
@@ -161,25 +135,4 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
-}
-
-// parseInterspersed parses flags that may come before, between or after
-// the positional arguments (as kubectl and envoy accept them) and returns
-// the positional ones; "--" ends the flags.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
 }
