@@ -51,7 +51,22 @@ func (b Bucket) Validate() error {
 }
 
 // Floor is the lowest level settlement may drive the bucket to (S9, S14):
-// zero for a hard bucket, -MaxDebt for a soft one, -Capacity by default.
+// zero for a hard bucket, -MaxDebt for a soft one with MaxDebt set, and no
+// floor at all (-Inf) by default. What a settlement would take below the
+// floor is forgiven (BucketState.Forgiven).
+//
+// Why no floor by default: a floor bounds what one request can escape, not
+// how many requests are in flight. A client whose requests reserve R tokens
+// but use U > R + D (D = MaxDebt), one at a time, each lasting L, gets
+// U / (D + R + r·L) times the rate r; with D = Capacity = 10,000, R = 1,024
+// and U = 32,768 that is 2.97×. With k requests in flight the factor is
+// about k·U / (D + k·R + r·L), which tends to U / (2R) — 16× here — however
+// large D is, since k grows with L. Without a floor nothing is forgiven:
+// every token used is charged, the debt is repaid by refill before the next
+// admission, and over any run a client gets at most the configured rate,
+// Capacity + r·T in T seconds, plus what its requests still in flight use
+// beyond their reservations. Implausible usage is for the caller to bound
+// before it settles; the floor is not the place for it.
 func (b Bucket) Floor() float64 {
 	switch {
 	case b.Hard:
@@ -59,7 +74,7 @@ func (b Bucket) Floor() float64 {
 	case b.MaxDebt > 0:
 		return -b.MaxDebt
 	default:
-		return -b.Limit.Capacity
+		return math.Inf(-1)
 	}
 }
 
@@ -165,6 +180,9 @@ func (r *Reservation) HasHard() bool {
 type Observation struct {
 	Level float64
 	Hold  time.Duration
+	// Forgiven is what a settlement did not charge because the floor
+	// stopped it; zero for every other operation.
+	Forgiven float64
 }
 
 // NewState returns the state of bucket b observed as o: its remaining tokens
@@ -174,7 +192,7 @@ func NewState(b Bucket, o Observation) BucketState {
 	if o.Level < b.Limit.Capacity {
 		reset += Seconds((b.Limit.Capacity - o.Level) / b.Limit.Rate)
 	}
-	return BucketState{Name: b.Name, Limit: b.Limit, Remaining: o.Level, Reset: reset}
+	return BucketState{Name: b.Name, Limit: b.Limit, Remaining: o.Level, Reset: reset, Forgiven: o.Forgiven}
 }
 
 // shortWait is how long until bucket b, observed at level with refill held

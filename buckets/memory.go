@@ -211,6 +211,9 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("reserve: %w", err)
+	}
 	id := req.ID
 	if id == "" {
 		id = m.newID()
@@ -310,6 +313,9 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 	if n == 0 || !r.HasHard() {
 		return true, nil
 	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("extend: %w", err)
+	}
 	var ls lockSet
 	for _, b := range r.Buckets {
 		if b.Hard {
@@ -344,6 +350,7 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 // refunding at most up to capacity and debiting at most down to each
 // bucket's floor, and releases the reservation's slots. A second Settle of
 // the same ID within SettledTTL reports the state and changes nothing.
+// Settle runs whatever the state of ctx (see Store).
 func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: settle: reservation without ID", ErrInvalidRequest)
@@ -383,11 +390,12 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 	for i, b := range r.Buckets {
 		sh := &m.shards[shards[i]]
 		tokens, last, p := sh.peek(b, now)
+		var forgiven float64
 		if !done {
-			tokens = Apply(b, tokens, r.Charged(b)-actual)
+			tokens, forgiven = Apply(b, tokens, r.Charged(b)-actual)
 			sh.put(b, p, tokens, last, now)
 		}
-		obs = append(obs, Observation{Level: tokens, Hold: hold(last, now)})
+		obs = append(obs, Observation{Level: tokens, Hold: hold(last, now), Forgiven: forgiven})
 	}
 	if !done {
 		for _, s := range r.Slots {
@@ -408,12 +416,14 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 // Apply returns the level of bucket b after settling delta tokens (what was
 // charged minus what was used) at level tokens (S8, S9, S14): a refund
 // fills at most to capacity, a debit goes at most down to the floor — and a
-// debit never raises a level that is already below the floor.
-func Apply(b Bucket, tokens, delta float64) float64 {
+// debit never raises a level that is already below the floor. forgiven is
+// the part of a debit the floor kept from being charged.
+func Apply(b Bucket, tokens, delta float64) (level, forgiven float64) {
 	if delta >= 0 {
-		return min(b.Limit.Capacity, tokens+delta)
+		return min(b.Limit.Capacity, tokens+delta), 0
 	}
-	return min(tokens, max(b.Floor(), tokens+delta))
+	level = min(tokens, max(b.Floor(), tokens+delta))
+	return level, level - (tokens + delta)
 }
 
 // markSettled records id as settled and reports whether it already was.
@@ -446,6 +456,9 @@ func (m *Memory) Pause(ctx context.Context, b Bucket, until time.Time) error {
 	if err := b.Validate(); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
 	sh := &m.shards[m.shardOf(b.Key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -461,6 +474,9 @@ func (m *Memory) Pause(ctx context.Context, b Bucket, until time.Time) error {
 func (m *Memory) Renew(ctx context.Context, r *Reservation) error {
 	if r == nil || r.ID == "" {
 		return fmt.Errorf("%w: renew: reservation without ID", ErrInvalidRequest)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("renew: %w", err)
 	}
 	for _, s := range r.Slots {
 		sh := &m.shards[m.shardOf(s.Key)]

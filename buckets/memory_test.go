@@ -30,6 +30,44 @@ func TestMemoryRaces(t *testing.T) { bucketstest.RunRaces(t, openMemory) }
 
 func TestMemoryProperty(t *testing.T) { bucketstest.RunProperty(t, openMemory, 8, 400) }
 
+// TestMemoryCallerCancellation runs the cancellation contract. The memory
+// store's step is atomic, so "during the call" is as the call begins: the
+// wrapper cancels just before it.
+func TestMemoryCallerCancellation(t *testing.T) {
+	bucketstest.RunCancel(t, func(t *testing.T, clock *bucketstest.Clock, n int) []buckets.Store {
+		stores := openMemory(t, clock, n)
+		for i, s := range stores {
+			stores[i] = midCall{s.(*buckets.Memory)}
+		}
+		return stores
+	})
+}
+
+// midCall calls the function of bucketstest.WithMidCall as each operation
+// begins.
+type midCall struct{ *buckets.Memory }
+
+func fire(ctx context.Context) {
+	if fn := bucketstest.MidCall(ctx); fn != nil {
+		fn()
+	}
+}
+
+func (m midCall) Reserve(ctx context.Context, r buckets.Request) (buckets.Decision, error) {
+	fire(ctx)
+	return m.Memory.Reserve(ctx, r)
+}
+
+func (m midCall) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	fire(ctx)
+	return m.Memory.Extend(ctx, r, n)
+}
+
+func (m midCall) Settle(ctx context.Context, r *buckets.Reservation, n float64) ([]buckets.BucketState, error) {
+	fire(ctx)
+	return m.Memory.Settle(ctx, r, n)
+}
+
 // TestMemoryBounded checks that idle full buckets and expired leases are
 // dropped, and that remembered settlements are bounded.
 func TestMemoryBounded(t *testing.T) {

@@ -36,6 +36,7 @@ type Metrics struct {
 	fallbackEnc   *prometheus.CounterVec
 	waits         *prometheus.HistogramVec
 	debt          *prometheus.CounterVec
+	forgiven      *prometheus.CounterVec
 }
 
 // New registers tokengate's collectors on reg.
@@ -100,9 +101,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tokengate_debt_settlements_total",
 			Help: "Settlements that left a bucket below zero (an under-estimate, S9), by bucket.",
 		}, []string{"policy", "bucket"}),
+		forgiven: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_debt_forgiven_tokens_total",
+			Help: "Tokens used but not charged because settlement reached a bucket's floor (max_debt, or zero for a hard bucket; S9, S14), by bucket.",
+		}, []string{"bucket"}),
 	}
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
-		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt)
+		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven)
 	m.storeUp.Set(1)
 	return m
 }
@@ -179,7 +184,9 @@ var families = []string{
 	"text-embedding", "claude", "gemini",
 }
 
-// Store wraps a buckets.Store to time its calls and count its errors.
+// Store wraps a buckets.Store to time its calls, count its errors and the
+// debt its settlements forgave. Errors that only say the caller's context
+// ended are not counted as store errors.
 type Store struct {
 	buckets.Store
 	m *Metrics
@@ -190,9 +197,15 @@ func (m *Metrics) Instrument(s buckets.Store) *Store { return &Store{Store: s, m
 
 func (s *Store) observe(op string, start time.Time, err error) {
 	s.m.storeLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err != nil && !errors.Is(err, context.Canceled) {
+	if err != nil && !callerGone(err) {
 		s.m.storeErrors.WithLabelValues(op).Inc()
 	}
+}
+
+// callerGone reports whether err only says that the caller's context ended
+// (see buckets.Store), which says nothing about the store.
+func callerGone(err error) bool {
+	return !errors.Is(err, buckets.ErrStore) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }
 
 // Reserve implements buckets.Store.
@@ -216,6 +229,11 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, n float64) (
 	start := time.Now()
 	st, err := s.Store.Settle(ctx, r, n)
 	s.observe("settle", start, err)
+	for _, b := range st {
+		if b.Forgiven > 0 {
+			s.m.forgiven.WithLabelValues(b.Name).Add(b.Forgiven)
+		}
+	}
 	return st, err
 }
 

@@ -17,10 +17,10 @@ package redisstore
 //     digits costs more than the rest of a script. Levels and holds are
 //     returned as one packed string, so nothing is lost and nothing printed.
 //   - Every write sets the TTL in the same SET. The caller passes, per
-//     bucket, the time to refill from its floor (low) to full; a level
-//     below that floor or a paused bucket gets its exact time to full. Once
-//     a key expires the bucket is full anyway, so idle buckets vanish
-//     without changing any answer.
+//     bucket, a level "low" (its floor, but not below -capacity) and the
+//     time to refill from low to full; a level below low or a paused bucket
+//     gets its exact time to full. Once a key expires the bucket is full
+//     anyway, so idle buckets vanish without changing any answer.
 const luaNow = `
 local now
 if ARGV[1] ~= '' then
@@ -148,11 +148,12 @@ return {status, full, struct.pack(ARGV[5], unpack(vals))}
 //
 // KEYS: n bucket keys, m slot keys, then the marker key when ARGV[3] is set.
 // ARGV: now, reservation ID, marker TTL (ms, or empty for none), struct
-// format and packed numbers — n, m; per bucket capacity, rate, floor, delta
-// — the struct format of the reply, then per bucket the TTL from the floor
-// (ms).
-// Returns 1 when it had already been settled (else 0), and the packed level
-// and hold (µs) of every bucket.
+// format and packed numbers — n, m; per bucket capacity, rate, floor
+// (-inf for none), low, delta — the struct format of the reply, then per
+// bucket the TTL from low (ms).
+// Returns 1 when it had already been settled (else 0), and the packed
+// level, hold (µs) and forgiven tokens (what the floor kept from being
+// debited) of every bucket.
 const settleLua = luaNow + `
 local p = {struct.unpack(ARGV[4], ARGV[5])}
 local n, m = p[1], p[2]
@@ -164,9 +165,10 @@ local vals = {}
 local vs = {}
 if n > 0 then vs = redis.call('MGET', unpack(KEYS, 1, n)) end
 for i = 1, n do
-  local a = 4 * i - 1
+  local a = 5 * i - 2
   local cap, rate, floor = p[a], p[a + 1], p[a + 2]
   local l, t = cap, now
+  local forgiven = 0
   local v = vs[i]
   if v then
     l, t = struct.unpack('<dd', v)
@@ -177,25 +179,29 @@ for i = 1, n do
     end
   end
   if not done then
-    local delta = p[a + 3]
+    local delta = p[a + 4]
     if delta >= 0 then
       l = l + delta
       if l > cap then l = cap end
     elseif l + delta >= floor then
       l = l + delta
     elseif l > floor then
+      forgiven = floor - (l + delta)
       l = floor
+    else
+      forgiven = -delta
     end
     local ttl = ARGV[6 + i]
-    if t > now or l < floor then
+    if t > now or l < p[a + 3] then
       local ms = (t - now + (cap - l) / rate * 1e6) / 1000 + 1001
       if ms > 1e12 then ms = 1e12 end
       ttl = string.format('%d', ms)
     end
     redis.call('SET', KEYS[i], struct.pack('<dd', l, t), 'PX', ttl)
   end
-  vals[2 * i - 1] = l
-  if t > now then vals[2 * i] = t - now else vals[2 * i] = 0 end
+  vals[3 * i - 2] = l
+  if t > now then vals[3 * i - 1] = t - now else vals[3 * i - 1] = 0 end
+  vals[3 * i] = forgiven
 end
 if not done then
   for j = 1, m do redis.call('ZREM', KEYS[n + j], ARGV[2]) end

@@ -8,9 +8,22 @@
 //
 // A bucket with key K is the string <prefix>b:{K}, a concurrency limit is the
 // sorted set <prefix>c:{K}, and a settled reservation leaves the marker
-// <prefix>s:{K}:<id> (K escaped so that it contains no braces). Every key
+// <prefix>s:{K}:<id> (K escaped so that it contains no braces). A key K
+// longer than 200 bytes, or a reservation ID longer than 64, enters keys
+// and slot members as "%h" and the SHA-256 of it (an escaped K never
+// contains "%h", and an ID that starts with it is hashed too), so neither
+// a client nor a configuration can make a key of unbounded size. Every key
 // has a TTL: an idle bucket expires once it would have refilled to full,
 // which is the state a missing key stands for.
+//
+// # Cancellation
+//
+// As the buckets.Store contract requires, an operation called with a
+// context that is already done writes nothing and returns its error; once
+// started, a script call runs on a context detached from the caller's
+// cancellation and deadline, bounded by Options.Timeout and the client's own
+// timeouts, so a client that disconnects never leaves a reservation that
+// Redis wrote but nobody will settle. Settle always runs.
 //
 // # Redis Cluster
 //
@@ -33,6 +46,8 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -76,6 +91,10 @@ type Options struct {
 	// a duration from now; the buckets themselves run on Redis's clock. Nil
 	// means time.Now.
 	Now func() time.Time
+	// Timeout bounds an operation once started, detached from the caller's
+	// context (see Cancellation); the client's own read, write and pool
+	// timeouts apply within it. Zero means two seconds.
+	Timeout time.Duration
 }
 
 // Store is the Redis buckets.Store. It is safe for concurrent use; it holds
@@ -86,6 +105,7 @@ type Store struct {
 	prefix     string
 	cluster    bool
 	settledTTL string
+	timeout    time.Duration
 	now        func() time.Time
 	limits     sync.Map // limitKey → *[4]any, see limitArgs
 	nlimits    atomic.Int64
@@ -112,7 +132,28 @@ func New(c Scripter, opts Options) *Store {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.timeout = opts.Timeout
+	if s.timeout <= 0 {
+		s.timeout = 2 * time.Second
+	}
 	return s
+}
+
+// start checks that the caller still waits (ctx not done: otherwise nothing
+// is written and the caller's error is returned, never ErrStore) and
+// returns the context the operation runs on: detached from ctx's
+// cancellation and deadline, with ctx's values, bounded by the store's own
+// timeout.
+func (s *Store) start(ctx context.Context, op string) (context.Context, context.CancelFunc, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	dctx, cancel := s.detach(ctx)
+	return dctx, cancel, nil
+}
+
+func (s *Store) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 }
 
 type script struct{ src, sha string }
@@ -136,10 +177,15 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	if r == nil || r.ID == "" {
 		return fmt.Errorf("%w: renew: reservation without ID", buckets.ErrInvalidRequest)
 	}
+	ctx, cancel, err := s.start(ctx, "renew")
+	if err != nil {
+		return err
+	}
+	defer cancel()
 	nowArg := s.nowArg()
 	for _, g := range s.groups(nil, r.Slots) {
 		keys := make([]string, 0, len(g.slots))
-		args := []any{nowArg, r.ID}
+		args := []any{nowArg, idPart(r.ID)}
 		for _, j := range g.slots {
 			keys = append(keys, s.slotKey(r.Slots[j].Key))
 			args = append(args, r.Slots[j].LeaseOrDefault().Microseconds())
@@ -186,25 +232,31 @@ func num(f float64) any {
 }
 
 // limitArgs returns the script arguments for bucket b: capacity, rate,
-// floor ("low") and the TTL that covers a refill from the floor to full.
+// low (see ttlLow) and the TTL that covers a refill from low to full.
 // Limits come from configuration, so there are few of them: they are
 // formatted once.
 func (s *Store) limitArgs(b buckets.Bucket) *[4]any {
-	k := limitKey{b.Limit, b.Floor()}
+	k := limitKey{b.Limit, ttlLow(b)}
 	if v, ok := s.limits.Load(k); ok {
 		return v.(*[4]any)
 	}
-	ms := math.Ceil((b.Limit.Capacity-k.floor)/b.Limit.Rate*1000) + 1001
-	a := &[4]any{num(b.Limit.Capacity), num(b.Limit.Rate), num(k.floor), strconv.FormatInt(int64(math.Min(ms, 1e12)), 10)}
+	ms := math.Ceil((b.Limit.Capacity-k.low)/b.Limit.Rate*1000) + 1001
+	a := &[4]any{num(b.Limit.Capacity), num(b.Limit.Rate), num(k.low), strconv.FormatInt(int64(math.Min(ms, 1e12)), 10)}
 	if s.nlimits.Add(1) <= maxCachedLimits {
 		s.limits.Store(k, a)
 	}
 	return a
 }
 
-// ttlArg returns the TTL argument of bucket b: the time to refill from its
-// floor to full, plus a second, in milliseconds.
+// ttlArg returns the TTL argument of bucket b: the time to refill from
+// ttlLow(b) to full, plus a second, in milliseconds.
 func (s *Store) ttlArg(b buckets.Bucket) any { return s.limitArgs(b)[3] }
+
+// ttlLow is the lowest level for which a script may use the precomputed TTL
+// of ttlArg; below it (and while paused) a script computes the exact time
+// to full. It is the floor, but never below -capacity: a bucket without a
+// floor still gets TTLs that let it vanish once it is full.
+func ttlLow(b buckets.Bucket) float64 { return max(b.Floor(), -b.Limit.Capacity) }
 
 // pack appends float64s in the byte order of the scripts' struct formats.
 func pack(p []byte, fs ...float64) []byte {
@@ -231,7 +283,7 @@ var structFormats = func() (f [128]string) {
 
 type limitKey struct {
 	limit buckets.Limit
-	floor float64
+	low   float64
 }
 
 // maxCachedLimits bounds the formatted limits kept, should limits ever
@@ -247,8 +299,38 @@ func escape(k string) string {
 	return strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D").Replace(k)
 }
 
-func (s *Store) bucketKey(k string) string { return s.prefix + "b:{" + escape(k) + "}" }
-func (s *Store) slotKey(k string) string   { return s.prefix + "c:{" + escape(k) + "}" }
+// Bounds on what enters a key from outside (see the package
+// documentation): longer key parts and IDs are hashed.
+const (
+	maxKeyPart = 200
+	maxIDPart  = 64
+)
+
+// keyPart is the form of bucket or slot key k inside Redis keys: escaped,
+// or hashed when long.
+func keyPart(k string) string {
+	if len(k) > maxKeyPart {
+		return hashed(k)
+	}
+	return escape(k)
+}
+
+// idPart is the form of reservation ID id in marker keys and slot members:
+// itself, or hashed when long or when it could be taken for a hashed one.
+func idPart(id string) string {
+	if len(id) > maxIDPart || strings.HasPrefix(id, "%h") {
+		return hashed(id)
+	}
+	return id
+}
+
+func hashed(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "%h" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+func (s *Store) bucketKey(k string) string { return s.prefix + "b:{" + keyPart(k) + "}" }
+func (s *Store) slotKey(k string) string   { return s.prefix + "c:{" + keyPart(k) + "}" }
 
 // group is the part of a chain that one script call handles atomically: in
 // standalone mode the whole chain, in cluster mode the keys of one hash
@@ -272,16 +354,16 @@ func (s *Store) groups(bs []buckets.Bucket, ss []buckets.Slot) []group {
 			g.slots = append(g.slots, j)
 		}
 		if len(bs) > 0 {
-			g.tag = escape(bs[0].Key)
+			g.tag = keyPart(bs[0].Key)
 		} else {
-			g.tag = escape(ss[0].Key)
+			g.tag = keyPart(ss[0].Key)
 		}
 		return []group{g}
 	}
 	var gs []group
 	bySlot := map[uint16]int{}
 	at := func(key string) *group {
-		tag := escape(key)
+		tag := keyPart(key)
 		sl := hashSlot(tag)
 		i, ok := bySlot[sl]
 		if !ok {
@@ -309,16 +391,24 @@ func newID() string {
 }
 
 // parseObs reads the packed level and hold (µs) of each bucket of idx from
-// a script reply element.
-func (s *Store) parseObs(v any, idx []int, obs []buckets.Observation) error {
+// a script reply element, followed by what was forgiven when forgiven is
+// set (settlement replies).
+func (s *Store) parseObs(v any, idx []int, obs []buckets.Observation, forgiven bool) error {
 	p, _ := v.(string)
-	if len(p) != 16*len(idx) {
+	stride := 16
+	if forgiven {
+		stride = 24
+	}
+	if len(p) != stride*len(idx) {
 		return fmt.Errorf("%w: unexpected script reply of %d bytes for %d buckets", buckets.ErrStore, len(p), len(idx))
 	}
+	f64 := func(at int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[at:]))) }
 	for n, i := range idx {
-		l := math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[16*n:])))
-		h := math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[16*n+8:])))
-		obs[i] = buckets.Observation{Level: l, Hold: time.Duration(h) * time.Microsecond}
+		o := buckets.Observation{Level: f64(stride * n), Hold: time.Duration(f64(stride*n+8)) * time.Microsecond}
+		if forgiven {
+			o.Forgiven = f64(stride*n + 16)
+		}
+		obs[i] = o
 	}
 	return nil
 }
@@ -346,6 +436,11 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	if err := req.Validate(); err != nil {
 		return buckets.Decision{}, err
 	}
+	ctx, cancel, err := s.start(ctx, "reserve")
+	if err != nil {
+		return buckets.Decision{}, err
+	}
+	defer cancel()
 	id := req.ID
 	if id == "" {
 		id = newID()
@@ -407,7 +502,7 @@ func (s *Store) reserveGroup(ctx context.Context, g group, req buckets.Request, 
 		if b.Hard {
 			hard = 1
 		}
-		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, hard, b.Reserve(req.Priority), b.Floor())
+		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, hard, b.Reserve(req.Priority), ttlLow(b))
 		args = append(args, s.ttlArg(b))
 	}
 	for _, j := range g.slots {
@@ -415,7 +510,7 @@ func (s *Store) reserveGroup(ctx context.Context, g group, req buckets.Request, 
 		keys = append(keys, s.slotKey(sl.Key))
 		packed = pack(packed, float64(sl.Max), float64(sl.LeaseOrDefault().Microseconds()))
 	}
-	args[0], args[1], args[2], args[3], args[4] = nowArg, id, structFormat(count), string(packed), structFormat(2*len(g.buckets))
+	args[0], args[1], args[2], args[3], args[4] = nowArg, idPart(id), structFormat(count), string(packed), structFormat(2*len(g.buckets))
 	out, err := s.run(ctx, reserveScript, keys, args)
 	if err != nil {
 		return 0, -1, fmt.Errorf("redisstore: reserve: %w", err)
@@ -431,21 +526,21 @@ func (s *Store) reserveGroup(ctx context.Context, g group, req buckets.Request, 
 	if f, _ := out[1].(int64); f > 0 && int(f) <= len(g.slots) {
 		full = g.slots[f-1]
 	}
-	if err := s.parseObs(out[2], g.buckets, obs); err != nil {
+	if err := s.parseObs(out[2], g.buckets, obs, false); err != nil {
 		return 0, -1, fmt.Errorf("redisstore: reserve: %w", err)
 	}
 	return scriptReasons[st], full, nil
 }
 
 // compensate gives back what the groups in took reserved, when another
-// group of the chain refused or failed. It runs even if ctx is done: the
-// tokens must not stay taken. If it fails, the tokens stay taken until
-// refill returns them — the safe side.
+// group of the chain refused or failed. It runs on its own timeout, since
+// the operation's may be spent: the tokens must not stay taken. If it
+// fails, the tokens stay taken until refill returns them — the safe side.
 func (s *Store) compensate(ctx context.Context, took []group, req buckets.Request, id string, cause error) error {
 	if len(took) == 0 {
 		return cause
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	cctx, cancel := s.detach(ctx)
 	defer cancel()
 	r := &buckets.Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots}
 	var errs []error
@@ -471,7 +566,7 @@ func (s *Store) compensate(ctx context.Context, took []group, req buckets.Reques
 // mark is set.
 func (s *Store) settleGroup(ctx context.Context, g group, r *buckets.Reservation, refund float64, mark bool, delta func(buckets.Bucket) float64, obs []buckets.Observation) (bool, error) {
 	keys := make([]string, 0, len(g.buckets)+len(g.slots)+1)
-	count := 2 + 4*len(g.buckets)
+	count := 2 + 5*len(g.buckets)
 	packed := make([]byte, 0, 8*count)
 	args := make([]any, 6, 6+len(g.buckets))
 	ttl := ""
@@ -486,16 +581,17 @@ func (s *Store) settleGroup(ctx context.Context, g group, r *buckets.Reservation
 		if delta != nil {
 			d = delta(b)
 		}
-		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, b.Floor(), d)
+		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, b.Floor(), ttlLow(b), d)
 		args = append(args, s.ttlArg(b))
 	}
 	for _, j := range g.slots {
 		keys = append(keys, s.slotKey(r.Slots[j].Key))
 	}
+	id := idPart(r.ID)
 	if mark {
-		keys = append(keys, s.prefix+"s:{"+g.tag+"}:"+r.ID)
+		keys = append(keys, s.prefix+"s:{"+g.tag+"}:"+id)
 	}
-	args[0], args[1], args[2], args[3], args[4], args[5] = s.nowArg(), r.ID, ttl, structFormat(count), string(packed), structFormat(2*len(g.buckets))
+	args[0], args[1], args[2], args[3], args[4], args[5] = s.nowArg(), id, ttl, structFormat(count), string(packed), structFormat(3*len(g.buckets))
 	out, err := s.run(ctx, settleScript, keys, args)
 	if err != nil {
 		return false, err
@@ -505,7 +601,7 @@ func (s *Store) settleGroup(ctx context.Context, g group, r *buckets.Reservation
 		if len(out) != 2 {
 			return false, fmt.Errorf("%w: unexpected script reply %v", buckets.ErrStore, out)
 		}
-		if err := s.parseObs(out[1], g.buckets, obs); err != nil {
+		if err := s.parseObs(out[1], g.buckets, obs, true); err != nil {
 			return false, err
 		}
 	}
@@ -513,7 +609,8 @@ func (s *Store) settleGroup(ctx context.Context, g group, r *buckets.Reservation
 }
 
 // Settle implements buckets.Store: one script call per group, each settling
-// at most once per reservation ID within Options.SettledTTL.
+// at most once per reservation ID within Options.SettledTTL. It runs
+// whatever the state of ctx.
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest)
@@ -521,6 +618,8 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
 	obs := make([]buckets.Observation, len(r.Buckets))
 	delta := func(b buckets.Bucket) float64 { return r.Charged(b) - actual }
 	gs := s.groups(r.Buckets, r.Slots)
@@ -554,6 +653,11 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	if n == 0 || !r.HasHard() {
 		return true, nil
 	}
+	ctx, cancel, err := s.start(ctx, "extend")
+	if err != nil {
+		return false, err
+	}
+	defer cancel()
 	var hard []buckets.Bucket
 	var index []int
 	for i, b := range r.Buckets {
@@ -585,7 +689,7 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 		}
 		if len(took) > 0 {
 			rr := &buckets.Reservation{ID: r.ID, Buckets: r.Buckets}
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			cctx, cancel := s.detach(ctx)
 			for _, tg := range took {
 				if _, cerr := s.settleGroup(cctx, tg, rr, n, false, nil, nil); cerr != nil && err == nil {
 					err = cerr
@@ -609,6 +713,11 @@ func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) er
 	if err := b.Validate(); err != nil {
 		return err
 	}
+	ctx, cancel, err := s.start(ctx, "pause")
+	if err != nil {
+		return err
+	}
+	defer cancel()
 	hold := max(0, until.Sub(s.now()).Microseconds())
 	la := s.limitArgs(b)
 	args := []any{s.nowArg(), la[0], la[1], hold, la[2], la[3]}
