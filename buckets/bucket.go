@@ -19,17 +19,40 @@ var (
 	ErrStore = errors.New("bucket store unavailable")
 )
 
-// Renewer is implemented by stores whose concurrency slots can be renewed:
-// a gateway streaming a response longer than a slot's Lease renews it
-// (within the lease) so that the slot keeps counting.
+// Renewer is implemented by stores whose concurrency slots and reservations
+// can be renewed: a gateway streaming a response longer than a slot's Lease
+// or the reservation's Lifetime renews it (within it) so that the slot
+// keeps counting and the reservation stays settleable.
 type Renewer interface {
 	Renew(ctx context.Context, r *Reservation) error
+}
+
+// AsyncSettler is implemented by stores that can settle without the caller
+// waiting: the settlement joins the store's next call, which costs the
+// store a call less per request. A caller that has nothing left to do
+// with the results (a finished response) wants SettleAsync.
+type AsyncSettler interface {
+	// SettleAsync settles r as Settle does, later: it returns at once, and
+	// done, if not nil, is called with Settle's results once the settlement
+	// is written (or failed), from another goroutine — or before
+	// SettleAsync returns, for invalid input. r must not be used by the
+	// caller afterwards.
+	SettleAsync(r *Reservation, actual float64, done func([]BucketState, error))
+	// Flush writes every queued settlement and returns once all are done,
+	// or when ctx ends: call it before shutting down.
+	Flush(ctx context.Context) error
 }
 
 // DefaultSlotLease is the lease of a concurrency slot whose Lease is zero.
 // A stream that outlives its lease no longer counts against the limit, so the
 // lease should exceed the longest expected response.
 const DefaultSlotLease = 10 * time.Minute
+
+// DefaultLifetime is the Lifetime of a reservation whose request sets none.
+// Settlement deletes a reservation's record, so the lifetime only bounds
+// how long a reservation that is never settled (its gateway died) is
+// remembered.
+const DefaultLifetime = time.Hour
 
 // Validate reports whether the bucket can be used: Key is set, the limit is
 // valid (S1), MaxDebt is not negative and Headroom leaves room below the
@@ -101,6 +124,25 @@ func (s Slot) Validate() error {
 	return nil
 }
 
+// LifetimeOrDefault is how long a reservation of the request stays
+// settleable: its Lifetime, DefaultLifetime when zero, and at least the
+// longest lease of its slots.
+func (r Request) LifetimeOrDefault() time.Duration { return lifetime(r.Lifetime, r.Slots) }
+
+// LifetimeOrDefault is how long the reservation stays settleable after it
+// is taken or renewed; see Request.LifetimeOrDefault.
+func (r *Reservation) LifetimeOrDefault() time.Duration { return lifetime(r.Lifetime, r.Slots) }
+
+func lifetime(d time.Duration, slots []Slot) time.Duration {
+	if d <= 0 {
+		d = DefaultLifetime
+	}
+	for _, s := range slots {
+		d = max(d, s.LeaseOrDefault())
+	}
+	return d
+}
+
 // LeaseOrDefault is the slot's lease, DefaultSlotLease when Lease is zero.
 func (s Slot) LeaseOrDefault() time.Duration {
 	if s.Lease == 0 {
@@ -118,6 +160,9 @@ func (r Request) Validate() error {
 	}
 	if r.MaxWait < 0 {
 		return fmt.Errorf("%w: max_wait must not be negative, got %v", ErrInvalidRequest, r.MaxWait)
+	}
+	if r.Lifetime < 0 {
+		return fmt.Errorf("%w: lifetime must not be negative, got %v", ErrInvalidRequest, r.Lifetime)
 	}
 	for i, b := range r.Buckets {
 		if err := b.Validate(); err != nil {
@@ -252,7 +297,7 @@ func NewDecision(req Request, id string, reason Reason, obs []Observation, slot 
 		d.Limiting = req.Slots[slot].Name
 	}
 	if d.OK {
-		d.Reservation = &Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority}
+		d.Reservation = &Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority, Lifetime: req.Lifetime}
 	}
 	return d
 }

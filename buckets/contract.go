@@ -60,6 +60,12 @@ type Request struct {
 	// (S12): if the tokens will be there within MaxWait, they are taken now
 	// and Decision.Wait tells how long to hold the request before forwarding.
 	MaxWait time.Duration
+	// Lifetime is how long the reservation stays settleable: at least the
+	// longest the request may take, plus the time a settlement may be
+	// retried. A reservation not settled (or renewed, see Renewer) within
+	// it expires: its tokens stay charged and Settle changes nothing. Zero
+	// means DefaultLifetime; it is never shorter than a slot's lease.
+	Lifetime time.Duration
 }
 
 // Reason says why a decision came out the way it did.
@@ -117,6 +123,8 @@ type Reservation struct {
 	Buckets  []Bucket
 	Slots    []Slot
 	Priority bool
+	// Lifetime is the request's, see Request.Lifetime.
+	Lifetime time.Duration
 	// Extended is what Extend debited from the hard buckets beyond Cost.
 	Extended float64
 }
@@ -159,9 +167,11 @@ type Store interface {
 	// at Settle. Extend is not idempotent and must not follow Settle.
 	Extend(ctx context.Context, r *Reservation, n float64) (ok bool, err error)
 	// Settle replaces the reservation by the actual usage (S8, S9) and
-	// releases its slots. Settling the same reservation ID twice changes
-	// nothing the second time. Each returned state reports in Forgiven what
-	// its bucket's floor kept this settlement from charging.
+	// releases its slots, once: the store keeps a record of each open
+	// reservation, deleted at settlement, so settling the same reservation
+	// ID twice, or after its Lifetime, changes nothing, and a settled
+	// request leaves nothing behind. Each returned state reports in
+	// Forgiven what its bucket's floor kept this settlement from charging.
 	Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error)
 	// Pause marks the bucket empty until the given time (S18): its level
 	// drops to zero (debt is kept) and refill resumes only then.

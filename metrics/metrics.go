@@ -228,13 +228,48 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, n float64) ([]buckets.BucketState, error) {
 	start := time.Now()
 	st, err := s.Store.Settle(ctx, r, n)
+	s.settled(start, st, err)
+	return st, err
+}
+
+func (s *Store) settled(start time.Time, st []buckets.BucketState, err error) {
 	s.observe("settle", start, err)
 	for _, b := range st {
 		if b.Forgiven > 0 {
 			s.m.forgiven.WithLabelValues(b.Name).Add(b.Forgiven)
 		}
 	}
-	return st, err
+}
+
+var _ buckets.AsyncSettler = (*Store)(nil)
+
+// SettleAsync implements buckets.AsyncSettler, settling at once when the
+// wrapped store cannot queue; the latency observed runs until done.
+func (s *Store) SettleAsync(r *buckets.Reservation, n float64, done func([]buckets.BucketState, error)) {
+	start := time.Now()
+	as, ok := s.Store.(buckets.AsyncSettler)
+	if !ok {
+		st, err := s.Store.Settle(context.Background(), r, n)
+		s.settled(start, st, err)
+		if done != nil {
+			done(st, err)
+		}
+		return
+	}
+	as.SettleAsync(r, n, func(st []buckets.BucketState, err error) {
+		s.settled(start, st, err)
+		if done != nil {
+			done(st, err)
+		}
+	})
+}
+
+// Flush implements buckets.AsyncSettler.
+func (s *Store) Flush(ctx context.Context) error {
+	if as, ok := s.Store.(buckets.AsyncSettler); ok {
+		return as.Flush(ctx)
+	}
+	return nil
 }
 
 // Pause implements buckets.Store.

@@ -89,6 +89,18 @@ func TestDebtForgivenCounted(t *testing.T) {
 	if _, err := st.Settle(ctx, d.Reservation, 100); err != nil {
 		t.Fatal(err)
 	}
+	// A settlement queued with SettleAsync counts too: bob's bucket takes
+	// 20 used of 10 reserved down to its floor of -4, forgiving 6.
+	bob := capped
+	bob.Key = "bob"
+	d, err = st.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{bob}})
+	if err != nil || !d.OK {
+		t.Fatal(d, err)
+	}
+	st.SettleAsync(d.Reservation, 20, nil)
+	if err := st.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := st.Reserve(cancelled, buckets.Request{Cost: 1, Buckets: []buckets.Bucket{capped}}); !errors.Is(err, context.Canceled) {
@@ -98,7 +110,7 @@ func TestDebtForgivenCounted(t *testing.T) {
 # HELP tokengate_debt_forgiven_tokens_total Tokens used but not charged because settlement reached a bucket's floor (max_debt, or zero for a hard bucket; S9, S14), by bucket.
 # TYPE tokengate_debt_forgiven_tokens_total counter
 tokengate_debt_forgiven_tokens_total{bucket="team"} 90
-tokengate_debt_forgiven_tokens_total{bucket="user"} 86
+tokengate_debt_forgiven_tokens_total{bucket="user"} 92
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_debt_forgiven_tokens_total"); err != nil {
 		t.Error(err)

@@ -126,6 +126,8 @@ func vectors() []vector {
 	slot := buckets.Slot{Name: "conc", Key: "conc", Max: 2, Lease: 10 * time.Second}
 	withSlot := req(1, bucket("b", 100, 1))
 	withSlot.Slots = []buckets.Slot{slot}
+	shortLived := req(5, bucket("b", 100, 0.1))
+	shortLived.Lifetime = 30 * time.Second
 	single := req(1, bucket("b", 100, 1))
 	single.Slots = []buckets.Slot{{Name: "conc", Key: "conc", Max: 1, Lease: 10 * time.Second}}
 	return []vector{
@@ -215,6 +217,12 @@ func vectors() []vector {
 			reserve(5*time.Second, req(1, b10), short("b", time.Second, 0)),
 			reserve(6*time.Second, req(1, b10), ok("b", 0)),
 		}},
+		{"S18 a pause keeps open reservations settleable", []step{
+			reserve(0, req(5, b10), ok("b", 5)),
+			pause(0, b10, time.Second),
+			settle(0, 0, 0, 5),
+			settle(0, 0, 0, 5),
+		}},
 		{"S18 pause keeps debt", []step{
 			reserve(0, req(10, b10), ok("b", 0)),
 			settle(0, 0, 12, -2),
@@ -235,6 +243,16 @@ func vectors() []vector {
 			reserve(0, withSlot, ok("b", 97)),
 			reserve(0, withSlot, outcome{Reason: buckets.ConcurrencyFull, Limiting: "conc", Remaining: []float64{97}}),
 			reserve(11*time.Second, withSlot, ok("b", 99)),
+		}},
+		{"S8 a reservation not settled within its lifetime expires", []step{
+			reserve(0, shortLived, ok("b", 95)),
+			reserve(0, shortLived, ok("b", 90)),
+			settle(20*time.Second, 0, 0, 97),
+			settle(31*time.Second, 1, 0, 98.1),
+			settle(31*time.Second, 0, 0, 98.1),
+			reserve(31*time.Second, shortLived, ok("b", 93.1)),
+			renew(50*time.Second, 5),
+			settle(75*time.Second, 5, 3, 99.5),
 		}},
 		{"S11 a renewed lease keeps its slot", []step{
 			reserve(0, single, ok("b", 99)),

@@ -375,6 +375,49 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	return st, err
 }
 
+var _ buckets.AsyncSettler = (*Store)(nil)
+
+// SettleAsync implements buckets.AsyncSettler as Settle does: reservations
+// taken locally settle locally, at once; the others go to the primary,
+// queued there when it settles asynchronously, and are kept for replay when
+// it fails.
+func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
+	as, ok := s.primary.(buckets.AsyncSettler)
+	_, local := s.fallbackIDs.Load(r.ID)
+	if !ok || local || s.skipPrimary() {
+		st, err := s.Settle(context.Background(), r, actual)
+		if done != nil {
+			done(st, err)
+		}
+		return
+	}
+	if v, ok := s.localExtended.LoadAndDelete(r.ID); ok {
+		pr := *r
+		pr.Extended -= v.(float64)
+		r = &pr
+	}
+	kept := *r
+	as.SettleAsync(r, actual, func(st []buckets.BucketState, err error) {
+		if s.failed(context.Background(), err) {
+			s.keep(&kept, actual)
+		} else if err == nil {
+			s.succeeded()
+		}
+		if done != nil {
+			done(st, err)
+		}
+	})
+}
+
+// Flush implements buckets.AsyncSettler: it flushes the primary's queue.
+// Settlements kept for replay wait for the primary to answer again.
+func (s *Store) Flush(ctx context.Context) error {
+	if as, ok := s.primary.(buckets.AsyncSettler); ok {
+		return as.Flush(ctx)
+	}
+	return nil
+}
+
 // Pause implements buckets.Store; during an outage the pause also applies
 // to the local fallback bucket.
 func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {

@@ -50,6 +50,12 @@ func (f *flaky) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	return f.Memory.Extend(ctx, r, n)
 }
 
+// SettleAsync settles at once, failing while down, as Settle does.
+func (f *flaky) SettleAsync(r *buckets.Reservation, n float64, done func([]buckets.BucketState, error)) {
+	st, err := f.Settle(context.Background(), r, n)
+	done(st, err)
+}
+
 type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
@@ -337,5 +343,38 @@ func TestExtendDuringOutage(t *testing.T) {
 	// The primary took 20 and is charged the 26 used.
 	if got := st[0].Remaining; math.Abs(got-74) > 1e-6 {
 		t.Errorf("primary after settling 26 = %v, want 74", got)
+	}
+}
+
+// A settlement queued with SettleAsync that the primary cannot take is
+// kept for replay, as Settle's is, and reported to its caller.
+func TestSettleAsyncKeptDuringOutage(t *testing.T) {
+	p, s, c := setup(Closed)
+	ctx := context.Background()
+	d, err := s.Reserve(ctx, req("a", 50))
+	if err != nil || !d.OK {
+		t.Fatal(d, err)
+	}
+	p.down = true
+	var got error
+	s.SettleAsync(d.Reservation, 10, func(_ []buckets.BucketState, err error) { got = err })
+	if !errors.Is(got, buckets.ErrStore) || s.Pending() != 1 {
+		t.Fatalf("SettleAsync during the outage: done with %v, %d pending; want ErrStore, 1 pending", got, s.Pending())
+	}
+	p.down = false
+	c.t = c.t.Add(2 * time.Second)
+	if _, err := s.Reserve(ctx, req("probe", 0)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Pending() > 0 || s.replayingNow() {
+		if time.Now().After(deadline) {
+			t.Fatal("missed settlement not replayed within 5s")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+	d, err = s.Reserve(ctx, req("after", 0))
+	if err != nil || d.Buckets[0].Remaining != 92 {
+		t.Fatalf("after the replay: %+v, %v; want 100 - 50 + 40 + 2 s of refill = 92", d, err)
 	}
 }

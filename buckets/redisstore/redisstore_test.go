@@ -76,6 +76,7 @@ func TestContract(t *testing.T) {
 		t.Run("races", func(t *testing.T) { bucketstest.RunRaces(t, open) })
 		t.Run("property", func(t *testing.T) { bucketstest.RunProperty(t, open, 4, 300) })
 		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
+		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
 	})
 	t.Run("cluster", func(t *testing.T) {
 		open := cluster(t)
@@ -84,5 +85,6 @@ func TestContract(t *testing.T) {
 		t.Run("races", func(t *testing.T) { bucketstest.RunRaces(t, open) })
 		t.Run("property", func(t *testing.T) { bucketstest.RunProperty(t, open, 4, 300) })
 		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
+		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
 	})
 }
