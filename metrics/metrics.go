@@ -37,6 +37,8 @@ type Metrics struct {
 	waits         *prometheus.HistogramVec
 	debt          *prometheus.CounterVec
 	forgiven      *prometheus.CounterVec
+	gateways      prometheus.Gauge
+	fallbackRate  prometheus.Gauge
 }
 
 // New registers tokengate's collectors on reg.
@@ -106,8 +108,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Tokens used but not charged because settlement reached a bucket's floor (max_debt, or zero for a hard bucket; S9, S14), by bucket.",
 		}, []string{"bucket"}),
 	}
+	m.gateways = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tokengate_fleet_gateways",
+		Help: "Gateways sharing the bucket store, this one included, at the last heartbeat that reached it.",
+	})
+	m.fallbackRate = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tokengate_fallback_tokens_per_minute",
+		Help: "This gateway's fallback limit per bucket while failing open: its share of the fleet's (S21).",
+	})
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
-		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven)
+		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven,
+		m.gateways, m.fallbackRate)
 	m.storeUp.Set(1)
 	return m
 }
@@ -150,6 +161,13 @@ func (m *Metrics) Finish(o extproc.Outcome) {
 // Fallback counts an operation answered during a store outage; pass it as
 // failover.Options.OnFallback.
 func (m *Metrics) Fallback(op string) { m.fallback.WithLabelValues(op).Inc() }
+
+// Share records the gateways alive and this gateway's fallback limit; pass
+// it as failover.Options.OnShare.
+func (m *Metrics) Share(gateways int, fallback buckets.Limit) {
+	m.gateways.Set(float64(gateways))
+	m.fallbackRate.Set(fallback.Rate * 60)
+}
 
 // StoreUp sets the store health gauge.
 func (m *Metrics) StoreUp(up bool) {

@@ -119,3 +119,21 @@ tokengate_debt_forgiven_tokens_total{bucket="user"} 92
 		t.Errorf("store error series = %d after a cancelled call, want 0", n)
 	}
 }
+
+// The fleet's size and this gateway's share of the fallback are gauges.
+func TestShare(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Share(4, buckets.PerMinute(2500, 0))
+	want := `
+# HELP tokengate_fallback_tokens_per_minute This gateway's fallback limit per bucket while failing open: its share of the fleet's (S21).
+# TYPE tokengate_fallback_tokens_per_minute gauge
+tokengate_fallback_tokens_per_minute 2500
+# HELP tokengate_fleet_gateways Gateways sharing the bucket store, this one included, at the last heartbeat that reached it.
+# TYPE tokengate_fleet_gateways gauge
+tokengate_fleet_gateways 4
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_fallback_tokens_per_minute", "tokengate_fleet_gateways"); err != nil {
+		t.Error(err)
+	}
+}

@@ -25,6 +25,17 @@
 // admitted once the local buckets are full, reserving what they can hold,
 // and settlement charges its real usage, so the fallback rate still holds
 // over time. Such a reservation's Cost is what was reserved locally.
+//
+// # A fleet
+//
+// Every gateway of a fleet failing open with its own fallback would admit
+// the fallback once per gateway: the quota multiplied (S20). With
+// Options.Fleet, gateways announce themselves in the shared store with a
+// heartbeat (Heartbeats), and Options.Fallback is the fleet's: each gateway
+// falls back to Fallback divided by the gateways it last saw alive, never
+// below Options.FallbackFloor. The fleet then admits about Fallback during
+// an outage — more only by a gateway that joined within the last heartbeat,
+// or when the floor is above the share.
 package failover
 
 import (
@@ -50,12 +61,33 @@ const (
 	Open
 )
 
-// Options configures a Store. Only Mode (and, for Open, Fallback) matter to
-// most callers.
+// Options configures a Store. Only Mode (and, for Open, Fallback and
+// Fleet) matter to most callers.
 type Options struct {
 	Mode Mode
-	// Fallback is the limit each bucket gets locally while failing open.
+	// Fallback is the limit each bucket gets locally while failing open;
+	// with a Fleet, the limit of the whole fleet, which each gateway
+	// divides by the gateways alive (see Fleet).
 	Fallback buckets.Limit
+	// Fleet, when set, counts the gateways sharing the store: each gateway
+	// announces itself every HeartbeatEvery (Heartbeats), and while the
+	// store is down its fallback is Fallback divided by the gateways it
+	// last saw alive, so the fleet admits about Fallback in all, not
+	// Fallback per gateway. A gateway that has not yet reached the store
+	// uses all of Fallback.
+	Fleet Fleet
+	// FallbackFloor is the least a gateway's share may be, so that a large
+	// fleet still admits requests of a useful size; with it the fleet may
+	// admit up to gateways × FallbackFloor when that is more than Fallback.
+	FallbackFloor buckets.Limit
+	// HeartbeatEvery is how often Heartbeats beats; a heartbeat lives three
+	// times as long. Zero means one second.
+	HeartbeatEvery time.Duration
+	// GatewayID names this gateway in the fleet; empty means a random one.
+	GatewayID string
+	// OnShare, if set, is called when the gateways alive, and so this
+	// gateway's fallback limit, change (for metrics).
+	OnShare func(gateways int, fallback buckets.Limit)
 	// Backoff is how long the primary is left alone after a failure before
 	// it is probed again; zero means one second.
 	Backoff time.Duration
@@ -93,6 +125,8 @@ type Store struct {
 	mu        sync.Mutex
 	pending   []pendingSettle // settlements the primary missed, oldest first
 	replaying bool
+
+	gateways atomic.Int64 // alive at the last heartbeat, see Fleet
 }
 
 // pendingSettle is a settlement to replay once the primary answers again.
@@ -118,6 +152,12 @@ func New(primary buckets.Store, opts Options) *Store {
 	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = 100000
+	}
+	if opts.HeartbeatEvery <= 0 {
+		opts.HeartbeatEvery = time.Second
+	}
+	if opts.GatewayID == "" {
+		opts.GatewayID = newGatewayID()
 	}
 	s := &Store{primary: primary, opts: opts}
 	if opts.Mode == Open {
@@ -240,12 +280,14 @@ func (s *Store) fallback(op string) {
 	}
 }
 
-// localBucket is b as the fallback checks it: the fallback limit, capped at
-// b's own, with b's headroom and max debt scaled to it.
+// localBucket is b as the fallback checks it: this gateway's fallback limit
+// (its share of the fleet's), capped at b's own, with b's headroom and max
+// debt scaled to it.
 func (s *Store) localBucket(b buckets.Bucket) buckets.Bucket {
+	f := s.share()
 	l := buckets.Limit{
-		Capacity: min(s.opts.Fallback.Capacity, b.Limit.Capacity),
-		Rate:     min(s.opts.Fallback.Rate, b.Limit.Rate),
+		Capacity: min(f.Capacity, b.Limit.Capacity),
+		Rate:     min(f.Rate, b.Limit.Rate),
 	}
 	scale := l.Capacity / b.Limit.Capacity
 	if b.Headroom > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -376,5 +377,63 @@ func TestSettleAsyncKeptDuringOutage(t *testing.T) {
 	d, err = s.Reserve(ctx, req("after", 0))
 	if err != nil || d.Buckets[0].Remaining != 92 {
 		t.Fatalf("after the replay: %+v, %v; want 100 - 50 + 40 + 2 s of refill = 92", d, err)
+	}
+}
+
+// fakeFleet answers heartbeats with a fixed count of gateways.
+type fakeFleet struct {
+	mu    sync.Mutex
+	alive int
+	beats int
+	left  []string
+}
+
+func (f *fakeFleet) Heartbeat(ctx context.Context, gateway string, ttl time.Duration) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.beats++
+	return f.alive, nil
+}
+
+func (f *fakeFleet) Leave(ctx context.Context, gateway string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.left = append(f.left, gateway)
+	return nil
+}
+
+// The share of a fleet's fallback never drops below the floor; Heartbeats
+// beats until its context ends, then leaves the fleet.
+func TestFleetShareFloorAndLeave(t *testing.T) {
+	ff := &fakeFleet{alive: 10}
+	s := New(&flaky{Memory: buckets.NewMemory(buckets.MemoryOptions{})}, Options{Mode: Open,
+		Fallback: buckets.Limit{Capacity: 1000, Rate: 10}, FallbackFloor: buckets.Limit{Capacity: 200},
+		Fleet: ff, GatewayID: "me", HeartbeatEvery: time.Millisecond})
+	if got := s.share(); got != s.opts.Fallback {
+		t.Errorf("share before any heartbeat = %+v, want the whole fallback", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Heartbeats(ctx); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ff.mu.Lock()
+		beats := ff.beats
+		ff.mu.Unlock()
+		if beats >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("fewer than 3 heartbeats within 5s")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+	if got, want := s.share(), (buckets.Limit{Capacity: 200, Rate: 1}); got != want {
+		t.Errorf("share of 10 gateways = %+v, want %+v (capacity at the floor)", got, want)
+	}
+	cancel()
+	<-done
+	if len(ff.left) != 1 || ff.left[0] != "me" {
+		t.Errorf("left = %q, want [me]", ff.left)
 	}
 }

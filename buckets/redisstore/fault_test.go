@@ -242,3 +242,32 @@ func TestLongIDAndKeyAreBounded(t *testing.T) {
 		t.Errorf("keys = %q; want the bucket and the slot set of the last Reserve", keys)
 	}
 }
+
+// TestHeartbeat counts the gateways alive: one that leaves is gone at
+// once, one that stops beating once its heartbeat's TTL has passed.
+func TestHeartbeat(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	now := time.Unix(1_800_000_000, 0)
+	redisstore.SetScriptClock(st, func() time.Time { return now })
+	ctx := context.Background()
+	beat := func(gw string, want int) {
+		t.Helper()
+		if n, err := st.Heartbeat(ctx, gw, 3*time.Second); err != nil || n != want {
+			t.Fatalf("Heartbeat(%s) = %d, %v; want %d alive", gw, n, err, want)
+		}
+	}
+	beat("a", 1)
+	beat("b", 2)
+	beat("c", 3)
+	if err := st.Leave(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	beat("a", 2)
+	now = now.Add(2 * time.Second)
+	beat("a", 2) // c's heartbeat has a second left
+	now = now.Add(1500 * time.Millisecond)
+	beat("a", 1)
+}
