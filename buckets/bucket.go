@@ -19,17 +19,40 @@ var (
 	ErrStore = errors.New("bucket store unavailable")
 )
 
-// Renewer is implemented by stores whose concurrency slots can be renewed:
-// a gateway streaming a response longer than a slot's Lease renews it
-// (within the lease) so that the slot keeps counting.
+// Renewer is implemented by stores whose concurrency slots and reservations
+// can be renewed: a gateway streaming a response longer than a slot's Lease
+// or the reservation's Lifetime renews it (within it) so that the slot
+// keeps counting and the reservation stays settleable.
 type Renewer interface {
 	Renew(ctx context.Context, r *Reservation) error
+}
+
+// AsyncSettler is implemented by stores that can settle without the caller
+// waiting: the settlement joins the store's next call, which costs the
+// store a call less per request. A caller that has nothing left to do
+// with the results (a finished response) wants SettleAsync.
+type AsyncSettler interface {
+	// SettleAsync settles r as Settle does, later: it returns at once, and
+	// done, if not nil, is called with Settle's results once the settlement
+	// is written (or failed), from another goroutine — or before
+	// SettleAsync returns, for invalid input. r must not be used by the
+	// caller afterwards.
+	SettleAsync(r *Reservation, actual float64, done func([]BucketState, error))
+	// Flush writes every queued settlement and returns once all are done,
+	// or when ctx ends: call it before shutting down.
+	Flush(ctx context.Context) error
 }
 
 // DefaultSlotLease is the lease of a concurrency slot whose Lease is zero.
 // A stream that outlives its lease no longer counts against the limit, so the
 // lease should exceed the longest expected response.
 const DefaultSlotLease = 10 * time.Minute
+
+// DefaultLifetime is the Lifetime of a reservation whose request sets none.
+// Settlement deletes a reservation's record, so the lifetime only bounds
+// how long a reservation that is never settled (its gateway died) is
+// remembered.
+const DefaultLifetime = time.Hour
 
 // Validate reports whether the bucket can be used: Key is set, the limit is
 // valid (S1), MaxDebt is not negative and Headroom leaves room below the
@@ -51,7 +74,22 @@ func (b Bucket) Validate() error {
 }
 
 // Floor is the lowest level settlement may drive the bucket to (S9, S14):
-// zero for a hard bucket, -MaxDebt for a soft one, -Capacity by default.
+// zero for a hard bucket, -MaxDebt for a soft one with MaxDebt set, and no
+// floor at all (-Inf) by default. What a settlement would take below the
+// floor is forgiven (BucketState.Forgiven).
+//
+// Why no floor by default: a floor bounds what one request can escape, not
+// how many requests are in flight. A client whose requests reserve R tokens
+// but use U > R + D (D = MaxDebt), one at a time, each lasting L, gets
+// U / (D + R + r·L) times the rate r; with D = Capacity = 10,000, R = 1,024
+// and U = 32,768 that is 2.97×. With k requests in flight the factor is
+// about k·U / (D + k·R + r·L), which tends to U / (2R) — 16× here — however
+// large D is, since k grows with L. Without a floor nothing is forgiven:
+// every token used is charged, the debt is repaid by refill before the next
+// admission, and over any run a client gets at most the configured rate,
+// Capacity + r·T in T seconds, plus what its requests still in flight use
+// beyond their reservations. Implausible usage is for the caller to bound
+// before it settles; the floor is not the place for it.
 func (b Bucket) Floor() float64 {
 	switch {
 	case b.Hard:
@@ -59,7 +97,7 @@ func (b Bucket) Floor() float64 {
 	case b.MaxDebt > 0:
 		return -b.MaxDebt
 	default:
-		return -b.Limit.Capacity
+		return math.Inf(-1)
 	}
 }
 
@@ -86,6 +124,25 @@ func (s Slot) Validate() error {
 	return nil
 }
 
+// LifetimeOrDefault is how long a reservation of the request stays
+// settleable: its Lifetime, DefaultLifetime when zero, and at least the
+// longest lease of its slots.
+func (r Request) LifetimeOrDefault() time.Duration { return lifetime(r.Lifetime, r.Slots) }
+
+// LifetimeOrDefault is how long the reservation stays settleable after it
+// is taken or renewed; see Request.LifetimeOrDefault.
+func (r *Reservation) LifetimeOrDefault() time.Duration { return lifetime(r.Lifetime, r.Slots) }
+
+func lifetime(d time.Duration, slots []Slot) time.Duration {
+	if d <= 0 {
+		d = DefaultLifetime
+	}
+	for _, s := range slots {
+		d = max(d, s.LeaseOrDefault())
+	}
+	return d
+}
+
 // LeaseOrDefault is the slot's lease, DefaultSlotLease when Lease is zero.
 func (s Slot) LeaseOrDefault() time.Duration {
 	if s.Lease == 0 {
@@ -103,6 +160,9 @@ func (r Request) Validate() error {
 	}
 	if r.MaxWait < 0 {
 		return fmt.Errorf("%w: max_wait must not be negative, got %v", ErrInvalidRequest, r.MaxWait)
+	}
+	if r.Lifetime < 0 {
+		return fmt.Errorf("%w: lifetime must not be negative, got %v", ErrInvalidRequest, r.Lifetime)
 	}
 	for i, b := range r.Buckets {
 		if err := b.Validate(); err != nil {
@@ -165,6 +225,9 @@ func (r *Reservation) HasHard() bool {
 type Observation struct {
 	Level float64
 	Hold  time.Duration
+	// Forgiven is what a settlement did not charge because the floor
+	// stopped it; zero for every other operation.
+	Forgiven float64
 }
 
 // NewState returns the state of bucket b observed as o: its remaining tokens
@@ -174,7 +237,7 @@ func NewState(b Bucket, o Observation) BucketState {
 	if o.Level < b.Limit.Capacity {
 		reset += Seconds((b.Limit.Capacity - o.Level) / b.Limit.Rate)
 	}
-	return BucketState{Name: b.Name, Limit: b.Limit, Remaining: o.Level, Reset: reset}
+	return BucketState{Name: b.Name, Limit: b.Limit, Remaining: o.Level, Reset: reset, Forgiven: o.Forgiven}
 }
 
 // shortWait is how long until bucket b, observed at level with refill held
@@ -234,7 +297,7 @@ func NewDecision(req Request, id string, reason Reason, obs []Observation, slot 
 		d.Limiting = req.Slots[slot].Name
 	}
 	if d.OK {
-		d.Reservation = &Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority}
+		d.Reservation = &Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority, Lifetime: req.Lifetime}
 	}
 	return d
 }

@@ -21,8 +21,10 @@ type Bucket struct {
 	// Hard buckets never go below zero (S14): settlement clamps at zero and
 	// an incremental debit that would cross zero is refused.
 	Hard bool
-	// MaxDebt is how far below zero settlement may drive a soft bucket (S9).
-	// Zero means the default, one capacity (a floor of -Capacity).
+	// MaxDebt is how far below zero settlement may drive a soft bucket (S9);
+	// debt beyond it is forgiven, and reported as BucketState.Forgiven.
+	// Zero means the default: no limit, so every token used is charged (see
+	// Bucket.Floor for why).
 	MaxDebt float64
 	// Headroom is the part of the capacity that only priority requests may
 	// use (S19): a non-priority request is admitted only if the level stays
@@ -58,6 +60,12 @@ type Request struct {
 	// (S12): if the tokens will be there within MaxWait, they are taken now
 	// and Decision.Wait tells how long to hold the request before forwarding.
 	MaxWait time.Duration
+	// Lifetime is how long the reservation stays settleable: at least the
+	// longest the request may take, plus the time a settlement may be
+	// retried. A reservation not settled (or renewed, see Renewer) within
+	// it expires: its tokens stay charged and Settle changes nothing. Zero
+	// means DefaultLifetime; it is never shorter than a slot's lease.
+	Lifetime time.Duration
 }
 
 // Reason says why a decision came out the way it did.
@@ -74,13 +82,17 @@ const (
 	NeverAdmissible
 )
 
-// BucketState is one bucket's view after a decision.
+// BucketState is one bucket's view after a decision or a settlement.
 type BucketState struct {
 	Name      string
 	Limit     Limit
 	Remaining float64
 	// Reset is the time until the bucket is full again.
 	Reset time.Duration
+	// Forgiven, after Settle, is the part of the usage this settlement did
+	// not charge because the bucket reached its floor (S9, S14): Floor
+	// stopped the debit. Always zero after Reserve.
+	Forgiven float64
 }
 
 // Decision is the result of Reserve. Being over the limit is a Decision,
@@ -111,6 +123,8 @@ type Reservation struct {
 	Buckets  []Bucket
 	Slots    []Slot
 	Priority bool
+	// Lifetime is the request's, see Request.Lifetime.
+	Lifetime time.Duration
 	// Extended is what Extend debited from the hard buckets beyond Cost.
 	Extended float64
 }
@@ -118,8 +132,31 @@ type Reservation struct {
 // Store is the contract that the memory and Redis stores satisfy
 // identically; the contract suite in package bucketstest holds them to it.
 // All methods are safe for concurrent use. Errors mean invalid input
-// (ErrInvalidLimit, ErrInvalidRequest) or an unreachable store (ErrStore),
-// never being over the limit.
+// (ErrInvalidLimit, ErrInvalidRequest), an unreachable store (ErrStore), or
+// the caller's own context ending, never being over the limit.
+//
+// # The caller's context
+//
+// A caller that goes away — a client disconnecting, a deadline passing —
+// says nothing about the store, and must never leave a write whose outcome
+// is unknown:
+//
+//   - If ctx is already done when Reserve, Extend, Pause or Renew is called,
+//     the store writes nothing and returns an error wrapping ctx.Err()
+//     (context.Canceled or context.DeadlineExceeded), never ErrStore.
+//   - Once the store has started an operation, it finishes it detached from
+//     ctx's cancellation and deadline (keeping its values), bounded by the
+//     store's own timeout, and returns its result: an admitted Decision must
+//     then be settled as usual even though the caller is gone, and an
+//     Extend that debited is recorded in Reservation.Extended. A reservation
+//     the store may already have written is thus never lost to a
+//     cancellation.
+//   - Settle always runs, whatever the state of ctx: a settlement releases
+//     slots and refunds tokens, and must land even when the caller is gone.
+//
+// So an error wrapping context.Canceled or context.DeadlineExceeded means
+// the caller's context ended before anything was written; a failover layer
+// must not count it as an outage.
 type Store interface {
 	// Reserve attempts an admission (S3–S5, S11, S12). It writes nothing when
 	// the request is refused.
@@ -130,8 +167,11 @@ type Store interface {
 	// at Settle. Extend is not idempotent and must not follow Settle.
 	Extend(ctx context.Context, r *Reservation, n float64) (ok bool, err error)
 	// Settle replaces the reservation by the actual usage (S8, S9) and
-	// releases its slots. Settling the same reservation ID twice changes
-	// nothing the second time.
+	// releases its slots, once: the store keeps a record of each open
+	// reservation, deleted at settlement, so settling the same reservation
+	// ID twice, or after its Lifetime, changes nothing, and a settled
+	// request leaves nothing behind. Each returned state reports in
+	// Forgiven what its bucket's floor kept this settlement from charging.
 	Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error)
 	// Pause marks the bucket empty until the given time (S18): its level
 	// drops to zero (debt is kept) and refill resumes only then.

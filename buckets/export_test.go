@@ -1,15 +1,15 @@
 package buckets
 
-// Sizes reports how many buckets, slot keys and settled IDs m holds, so
-// that tests can check that memory stays bounded.
-func Sizes(m *Memory) (buckets, slots, settled int) {
+// Sizes reports how many buckets, slot keys and open reservations m holds,
+// so that tests can check that memory stays bounded.
+func Sizes(m *Memory) (buckets, slots, open int) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		buckets += len(sh.buckets)
 		slots += len(sh.slots)
-		settled += len(sh.settled)
+		open += len(sh.open)
 		sh.mu.Unlock()
 	}
-	return buckets, slots, settled
+	return buckets, slots, open
 }

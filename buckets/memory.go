@@ -17,15 +17,9 @@ type MemoryOptions struct {
 	// Now is the store's one clock (S2); nil means time.Now. Only its
 	// differences matter, so a monotonic clock is right.
 	Now func() time.Time
-	// SettledTTL is how long a settled reservation ID is remembered, so that
-	// a second Settle of it changes nothing (S8). Zero means one hour.
-	SettledTTL time.Duration
-	// SettledWindow bounds how many settled IDs are remembered at most;
-	// beyond it the oldest are forgotten first. Zero means 1<<18.
-	SettledWindow int
 	// SweepEvery is how often each shard drops buckets that have refilled to
-	// capacity and expired slot leases (bounded memory). Zero means one
-	// minute.
+	// capacity, expired slot leases and expired reservations (bounded
+	// memory). Zero means one minute.
 	SweepEvery time.Duration
 }
 
@@ -37,15 +31,15 @@ type MemoryOptions struct {
 //
 // A bucket that has refilled to capacity is indistinguishable from one that
 // was never used, so it is dropped by a periodic sweep: memory is bounded by
-// the buckets active within their time to refill.
+// the buckets active within their time to refill. Each open reservation has
+// a record, deleted at settlement (which it makes once-only) or swept after
+// its lifetime: memory is bounded by the requests in flight.
 //
 // Use NewMemory; the zero value is not usable.
 type Memory struct {
 	now        func() time.Time
 	epoch      time.Time
 	seed       maphash.Seed
-	settledTTL int64
-	window     int
 	sweepEvery int64
 	shards     [shardCount]shard
 }
@@ -61,9 +55,7 @@ type shard struct {
 	mu        sync.Mutex
 	buckets   map[string]*level
 	slots     map[string]map[string]int64 // key → reservation ID → lease expiry
-	settled   map[string]int64            // reservation ID → when it is forgotten
-	ring      []settledID                 // settled IDs, oldest at head
-	head, n   int
+	open      map[string]int64            // open reservation ID → when it expires
 	nextSweep int64
 	_         [64]byte // keep hot mutexes on separate cache lines
 }
@@ -81,11 +73,6 @@ func (p *level) full(now int64) bool {
 	return now >= p.last && p.tokens+p.limit.Rate*(float64(now-p.last)/1e9) >= p.limit.Capacity
 }
 
-type settledID struct {
-	id  string
-	exp int64
-}
-
 // NewMemory returns an empty Memory store.
 func NewMemory(opts MemoryOptions) *Memory {
 	m := &Memory{now: opts.Now, seed: maphash.MakeSeed()}
@@ -93,17 +80,12 @@ func NewMemory(opts MemoryOptions) *Memory {
 		m.now = time.Now
 	}
 	m.epoch = m.now()
-	m.settledTTL = int64(cmp0(opts.SettledTTL, time.Hour))
-	m.window = opts.SettledWindow
-	if m.window <= 0 {
-		m.window = 1 << 18
-	}
 	m.sweepEvery = int64(cmp0(opts.SweepEvery, time.Minute))
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.buckets = make(map[string]*level)
 		sh.slots = make(map[string]map[string]int64)
-		sh.settled = make(map[string]int64)
+		sh.open = make(map[string]int64)
 		sh.nextSweep = m.sweepEvery
 	}
 	return m
@@ -174,7 +156,8 @@ func hold(last, now int64) time.Duration {
 	return 0
 }
 
-// sweep drops full buckets and expired leases of a locked shard.
+// sweep drops full buckets, expired leases and expired reservations of a
+// locked shard.
 func (m *Memory) sweep(sh *shard, now int64) {
 	if now < sh.nextSweep {
 		return
@@ -195,6 +178,24 @@ func (m *Memory) sweep(sh *shard, now int64) {
 			delete(sh.slots, k)
 		}
 	}
+	for id, exp := range sh.open {
+		if exp <= now {
+			delete(sh.open, id)
+		}
+	}
+}
+
+// recordShard is the shard that keeps the record of a reservation on
+// buckets bs and slots ss: the shard of its first key, which its
+// operations lock anyway.
+func (m *Memory) recordShard(id string, bs []Bucket, ss []Slot) uint8 {
+	switch {
+	case len(bs) > 0:
+		return m.shardOf(bs[0].Key)
+	case len(ss) > 0:
+		return m.shardOf(ss[0].Key)
+	}
+	return m.shardOf(id)
 }
 
 // newID returns a random reservation ID. A shared counter would make every
@@ -210,6 +211,9 @@ func (m *Memory) newID() string {
 func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("reserve: %w", err)
 	}
 	id := req.ID
 	if id == "" {
@@ -230,6 +234,8 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 		slotShards = append(slotShards, i)
 		ls.add(i)
 	}
+	rec := m.recordShard(id, req.Buckets, req.Slots)
+	ls.add(rec)
 	m.lock(&ls)
 	// Unlocked below, before the decision is assembled: only the step itself
 	// needs the shards.
@@ -290,6 +296,7 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 			}
 			leases[id] = now + int64(s.LeaseOrDefault())
 		}
+		m.shards[rec].open[id] = now + int64(req.LifetimeOrDefault())
 		for s := uint64(ls); s != 0; s &= s - 1 {
 			m.sweep(&m.shards[bits.TrailingZeros64(s)], now)
 		}
@@ -309,6 +316,9 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 	}
 	if n == 0 || !r.HasHard() {
 		return true, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("extend: %w", err)
 	}
 	var ls lockSet
 	for _, b := range r.Buckets {
@@ -342,8 +352,10 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 
 // Settle implements Store (S8, S9): it replaces the reservation by actual,
 // refunding at most up to capacity and debiting at most down to each
-// bucket's floor, and releases the reservation's slots. A second Settle of
-// the same ID within SettledTTL reports the state and changes nothing.
+// bucket's floor, and releases the reservation's slots. Settling a
+// reservation that is not open — settled already, or expired — reports the
+// state and changes nothing. Settle runs whatever the state of ctx (see
+// Store).
 func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: settle: reservation without ID", ErrInvalidRequest)
@@ -362,32 +374,25 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 	for _, s := range r.Slots {
 		ls.add(m.shardOf(s.Key))
 	}
-	// The settled mark lives beside the first key, whose shard is locked
-	// anyway.
-	var markShard uint8
-	switch {
-	case len(r.Buckets) > 0:
-		markShard = shards[0]
-	case len(r.Slots) > 0:
-		markShard = m.shardOf(r.Slots[0].Key)
-	default:
-		markShard = m.shardOf(r.ID)
-		ls.add(markShard)
-	}
+	rec := &m.shards[m.recordShard(r.ID, r.Buckets, r.Slots)]
+	ls.add(m.recordShard(r.ID, r.Buckets, r.Slots))
 	m.lock(&ls)
 	now := m.nowNS()
 
-	done := m.markSettled(&m.shards[markShard], r.ID, now)
+	exp, open := rec.open[r.ID]
+	delete(rec.open, r.ID)
+	done := !open || exp <= now
 	var bufObs [8]Observation
 	obs := bufObs[:0]
 	for i, b := range r.Buckets {
 		sh := &m.shards[shards[i]]
 		tokens, last, p := sh.peek(b, now)
+		var forgiven float64
 		if !done {
-			tokens = Apply(b, tokens, r.Charged(b)-actual)
+			tokens, forgiven = Apply(b, tokens, r.Charged(b)-actual)
 			sh.put(b, p, tokens, last, now)
 		}
-		obs = append(obs, Observation{Level: tokens, Hold: hold(last, now)})
+		obs = append(obs, Observation{Level: tokens, Hold: hold(last, now), Forgiven: forgiven})
 	}
 	if !done {
 		for _, s := range r.Slots {
@@ -408,36 +413,14 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 // Apply returns the level of bucket b after settling delta tokens (what was
 // charged minus what was used) at level tokens (S8, S9, S14): a refund
 // fills at most to capacity, a debit goes at most down to the floor — and a
-// debit never raises a level that is already below the floor.
-func Apply(b Bucket, tokens, delta float64) float64 {
+// debit never raises a level that is already below the floor. forgiven is
+// the part of a debit the floor kept from being charged.
+func Apply(b Bucket, tokens, delta float64) (level, forgiven float64) {
 	if delta >= 0 {
-		return min(b.Limit.Capacity, tokens+delta)
+		return min(b.Limit.Capacity, tokens+delta), 0
 	}
-	return min(tokens, max(b.Floor(), tokens+delta))
-}
-
-// markSettled records id as settled and reports whether it already was.
-func (m *Memory) markSettled(sh *shard, id string, now int64) bool {
-	if exp, ok := sh.settled[id]; ok && exp > now {
-		return true
-	}
-	if sh.ring == nil {
-		sh.ring = make([]settledID, max(1, m.window/shardCount))
-	}
-	for sh.n > 0 && (sh.n == len(sh.ring) || sh.ring[sh.head].exp <= now) {
-		old := sh.ring[sh.head]
-		if sh.settled[old.id] == old.exp {
-			delete(sh.settled, old.id)
-		}
-		sh.ring[sh.head] = settledID{}
-		sh.head = (sh.head + 1) % len(sh.ring)
-		sh.n--
-	}
-	exp := now + m.settledTTL
-	sh.settled[id] = exp
-	sh.ring[(sh.head+sh.n)%len(sh.ring)] = settledID{id: id, exp: exp}
-	sh.n++
-	return false
+	level = min(tokens, max(b.Floor(), tokens+delta))
+	return level, level - (tokens + delta)
 }
 
 // Pause implements Store (S18): the bucket is empty, and does not refill,
@@ -445,6 +428,9 @@ func (m *Memory) markSettled(sh *shard, id string, now int64) bool {
 func (m *Memory) Pause(ctx context.Context, b Bucket, until time.Time) error {
 	if err := b.Validate(); err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pause: %w", err)
 	}
 	sh := &m.shards[m.shardOf(b.Key)]
 	sh.mu.Lock()
@@ -456,12 +442,22 @@ func (m *Memory) Pause(ctx context.Context, b Bucket, until time.Time) error {
 }
 
 // Renew extends the leases of r's concurrency slots by their Lease from now
-// (S11), for responses that outlive one lease; a lease that has already
-// expired is not taken again. It implements Renewer.
+// (S11), and r's record by its lifetime, for responses that outlive one
+// lease; a lease or a reservation that has already expired is not taken
+// again. It implements Renewer.
 func (m *Memory) Renew(ctx context.Context, r *Reservation) error {
 	if r == nil || r.ID == "" {
 		return fmt.Errorf("%w: renew: reservation without ID", ErrInvalidRequest)
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("renew: %w", err)
+	}
+	sh := &m.shards[m.recordShard(r.ID, r.Buckets, r.Slots)]
+	sh.mu.Lock()
+	if now := m.nowNS(); sh.open[r.ID] > now {
+		sh.open[r.ID] = now + int64(r.LifetimeOrDefault())
+	}
+	sh.mu.Unlock()
 	for _, s := range r.Slots {
 		sh := &m.shards[m.shardOf(s.Key)]
 		sh.mu.Lock()
@@ -473,3 +469,17 @@ func (m *Memory) Renew(ctx context.Context, r *Reservation) error {
 	}
 	return nil
 }
+
+var _ AsyncSettler = (*Memory)(nil)
+
+// SettleAsync implements AsyncSettler. The memory store has no call to
+// save: it settles at once and calls done before it returns.
+func (m *Memory) SettleAsync(r *Reservation, actual float64, done func([]BucketState, error)) {
+	states, err := m.Settle(context.Background(), r, actual)
+	if done != nil {
+		done(states, err)
+	}
+}
+
+// Flush implements AsyncSettler; nothing is ever queued.
+func (m *Memory) Flush(ctx context.Context) error { return nil }

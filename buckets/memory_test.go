@@ -30,14 +30,55 @@ func TestMemoryRaces(t *testing.T) { bucketstest.RunRaces(t, openMemory) }
 
 func TestMemoryProperty(t *testing.T) { bucketstest.RunProperty(t, openMemory, 8, 400) }
 
-// TestMemoryBounded checks that idle full buckets and expired leases are
-// dropped, and that remembered settlements are bounded.
+func TestMemoryAsync(t *testing.T) { bucketstest.RunAsync(t, openMemory) }
+
+// TestMemoryCallerCancellation runs the cancellation contract. The memory
+// store's step is atomic, so "during the call" is as the call begins: the
+// wrapper cancels just before it.
+func TestMemoryCallerCancellation(t *testing.T) {
+	bucketstest.RunCancel(t, func(t *testing.T, clock *bucketstest.Clock, n int) []buckets.Store {
+		stores := openMemory(t, clock, n)
+		for i, s := range stores {
+			stores[i] = midCall{s.(*buckets.Memory)}
+		}
+		return stores
+	})
+}
+
+// midCall calls the function of bucketstest.WithMidCall as each operation
+// begins.
+type midCall struct{ *buckets.Memory }
+
+func fire(ctx context.Context) {
+	if fn := bucketstest.MidCall(ctx); fn != nil {
+		fn()
+	}
+}
+
+func (m midCall) Reserve(ctx context.Context, r buckets.Request) (buckets.Decision, error) {
+	fire(ctx)
+	return m.Memory.Reserve(ctx, r)
+}
+
+func (m midCall) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	fire(ctx)
+	return m.Memory.Extend(ctx, r, n)
+}
+
+func (m midCall) Settle(ctx context.Context, r *buckets.Reservation, n float64) ([]buckets.BucketState, error) {
+	fire(ctx)
+	return m.Memory.Settle(ctx, r, n)
+}
+
+// TestMemoryBounded checks that idle full buckets, expired leases and
+// expired reservations are dropped, and that a settled reservation leaves
+// nothing behind.
 func TestMemoryBounded(t *testing.T) {
 	clock := bucketstest.NewClock()
-	m := buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now, SweepEvery: time.Second, SettledWindow: 64})
+	m := buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now, SweepEvery: time.Second})
 	ctx := context.Background()
 	for i := range 1000 {
-		r := buckets.Request{ID: "r" + strconv.Itoa(i), Cost: 1,
+		r := buckets.Request{ID: "r" + strconv.Itoa(i), Cost: 1, Lifetime: 2 * time.Second,
 			Buckets: []buckets.Bucket{{Name: "u", Key: "u" + strconv.Itoa(i), Limit: buckets.Limit{Capacity: 10, Rate: 1}}},
 			Slots:   []buckets.Slot{{Name: "c", Key: "c" + strconv.Itoa(i), Max: 1, Lease: time.Second}}}
 		d, err := m.Reserve(ctx, r)
@@ -50,23 +91,28 @@ func TestMemoryBounded(t *testing.T) {
 			}
 		}
 	}
-	if b, s, settled := buckets.Sizes(m); b != 1000 || s != 1000 || settled > 64 {
-		t.Fatalf("sizes = %d buckets, %d slots, %d settled; want 1000, 1000, at most 64", b, s, settled)
+	if b, s, open := buckets.Sizes(m); b != 1000 || s != 1000 || open != 500 {
+		t.Fatalf("sizes = %d buckets, %d slots, %d open; want 1000, 1000, 500 (the unsettled)", b, s, open)
 	}
 	// After 3 s every bucket is full again (debt of 2 at most refills in 3 s)
-	// and every lease has expired; the next admission sweeps them.
+	// and every lease and reservation has expired; the next admission
+	// sweeps them.
 	clock.Advance(3*time.Second + time.Millisecond)
 	// Zero-cost requests on many keys reach every shard and leave their own
-	// buckets full, so everything is swept.
+	// buckets full, so everything is swept; they settle at once.
 	touch := buckets.Request{Buckets: []buckets.Bucket{{Name: "k", Limit: buckets.Limit{Capacity: 10, Rate: 1}}}}
 	for i := range 2000 {
 		touch.Buckets[0].Key = "touch" + strconv.Itoa(i)
-		if _, err := m.Reserve(ctx, touch); err != nil {
+		d, err := m.Reserve(ctx, touch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Settle(ctx, d.Reservation, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if b, s, _ := buckets.Sizes(m); b != 0 || s != 0 {
-		t.Errorf("after the sweep: %d buckets, %d slot keys; want none", b, s)
+	if b, s, open := buckets.Sizes(m); b != 0 || s != 0 || open != 0 {
+		t.Errorf("after the sweep: %d buckets, %d slot keys, %d open reservations; want none", b, s, open)
 	}
 }
 

@@ -59,6 +59,18 @@ type Store struct {
 	OnFailure string `yaml:"on_failure"`
 	// Fallback is the local per-bucket limit used while failing open.
 	Fallback *Rate `yaml:"fallback"`
+	// Fleet, with the Redis store failing open, makes Fallback the limit of
+	// the whole fleet: each gateway takes Fallback divided by the gateways
+	// alive (they heartbeat in Redis), never below Floor.
+	Fleet *Fleet `yaml:"fleet"`
+}
+
+// Fleet divides the fail-open fallback among the gateways sharing Redis.
+type Fleet struct {
+	// Heartbeat is how often a gateway announces itself; zero means 1s.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+	// Floor is the least fallback a gateway keeps however many share it.
+	Floor *Rate `yaml:"floor"`
 }
 
 // Redis configures the Redis store; one address is a standalone server,

@@ -329,6 +329,17 @@ func (v *validator) validateStore(s *Store) {
 	default:
 		v.add("store.on_failure", "must be closed or open, got %q", s.OnFailure)
 	}
+	if f := s.Fleet; f != nil {
+		if s.Type != "redis" || s.OnFailure != "open" {
+			v.add("store.fleet", "only applies to the redis store with on_failure: open")
+		}
+		if f.Heartbeat < 0 {
+			v.add("store.fleet.heartbeat", "must not be negative, got %v", f.Heartbeat)
+		}
+		if f.Floor != nil {
+			v.validateRate("store.fleet.floor", f.Floor.TokensPerMinute, f.Floor.Burst)
+		}
+	}
 }
 
 // validateRate checks a tokens-per-minute rate and its burst and reports

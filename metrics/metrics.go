@@ -36,6 +36,9 @@ type Metrics struct {
 	fallbackEnc   *prometheus.CounterVec
 	waits         *prometheus.HistogramVec
 	debt          *prometheus.CounterVec
+	forgiven      *prometheus.CounterVec
+	gateways      prometheus.Gauge
+	fallbackRate  prometheus.Gauge
 }
 
 // New registers tokengate's collectors on reg.
@@ -100,9 +103,22 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tokengate_debt_settlements_total",
 			Help: "Settlements that left a bucket below zero (an under-estimate, S9), by bucket.",
 		}, []string{"policy", "bucket"}),
+		forgiven: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_debt_forgiven_tokens_total",
+			Help: "Tokens used but not charged because settlement reached a bucket's floor (max_debt, or zero for a hard bucket; S9, S14), by bucket.",
+		}, []string{"bucket"}),
 	}
+	m.gateways = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tokengate_fleet_gateways",
+		Help: "Gateways sharing the bucket store, this one included, at the last heartbeat that reached it.",
+	})
+	m.fallbackRate = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tokengate_fallback_tokens_per_minute",
+		Help: "This gateway's fallback limit per bucket while failing open: its share of the fleet's (S21).",
+	})
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
-		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt)
+		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven,
+		m.gateways, m.fallbackRate)
 	m.storeUp.Set(1)
 	return m
 }
@@ -146,6 +162,13 @@ func (m *Metrics) Finish(o extproc.Outcome) {
 // failover.Options.OnFallback.
 func (m *Metrics) Fallback(op string) { m.fallback.WithLabelValues(op).Inc() }
 
+// Share records the gateways alive and this gateway's fallback limit; pass
+// it as failover.Options.OnShare.
+func (m *Metrics) Share(gateways int, fallback buckets.Limit) {
+	m.gateways.Set(float64(gateways))
+	m.fallbackRate.Set(fallback.Rate * 60)
+}
+
 // StoreUp sets the store health gauge.
 func (m *Metrics) StoreUp(up bool) {
 	if up {
@@ -179,7 +202,9 @@ var families = []string{
 	"text-embedding", "claude", "gemini",
 }
 
-// Store wraps a buckets.Store to time its calls and count its errors.
+// Store wraps a buckets.Store to time its calls, count its errors and the
+// debt its settlements forgave. Errors that only say the caller's context
+// ended are not counted as store errors.
 type Store struct {
 	buckets.Store
 	m *Metrics
@@ -190,9 +215,15 @@ func (m *Metrics) Instrument(s buckets.Store) *Store { return &Store{Store: s, m
 
 func (s *Store) observe(op string, start time.Time, err error) {
 	s.m.storeLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err != nil && !errors.Is(err, context.Canceled) {
+	if err != nil && !callerGone(err) {
 		s.m.storeErrors.WithLabelValues(op).Inc()
 	}
+}
+
+// callerGone reports whether err only says that the caller's context ended
+// (see buckets.Store), which says nothing about the store.
+func callerGone(err error) bool {
+	return !errors.Is(err, buckets.ErrStore) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }
 
 // Reserve implements buckets.Store.
@@ -215,8 +246,48 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, n float64) ([]buckets.BucketState, error) {
 	start := time.Now()
 	st, err := s.Store.Settle(ctx, r, n)
-	s.observe("settle", start, err)
+	s.settled(start, st, err)
 	return st, err
+}
+
+func (s *Store) settled(start time.Time, st []buckets.BucketState, err error) {
+	s.observe("settle", start, err)
+	for _, b := range st {
+		if b.Forgiven > 0 {
+			s.m.forgiven.WithLabelValues(b.Name).Add(b.Forgiven)
+		}
+	}
+}
+
+var _ buckets.AsyncSettler = (*Store)(nil)
+
+// SettleAsync implements buckets.AsyncSettler, settling at once when the
+// wrapped store cannot queue; the latency observed runs until done.
+func (s *Store) SettleAsync(r *buckets.Reservation, n float64, done func([]buckets.BucketState, error)) {
+	start := time.Now()
+	as, ok := s.Store.(buckets.AsyncSettler)
+	if !ok {
+		st, err := s.Store.Settle(context.Background(), r, n)
+		s.settled(start, st, err)
+		if done != nil {
+			done(st, err)
+		}
+		return
+	}
+	as.SettleAsync(r, n, func(st []buckets.BucketState, err error) {
+		s.settled(start, st, err)
+		if done != nil {
+			done(st, err)
+		}
+	})
+}
+
+// Flush implements buckets.AsyncSettler.
+func (s *Store) Flush(ctx context.Context) error {
+	if as, ok := s.Store.(buckets.AsyncSettler); ok {
+		return as.Flush(ctx)
+	}
+	return nil
 }
 
 // Pause implements buckets.Store.

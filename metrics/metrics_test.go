@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc"
 )
 
@@ -66,5 +69,71 @@ func TestFamilyBounded(t *testing.T) {
 		if got := Family(model); got != want {
 			t.Errorf("Family(%q) = %q, want %q", model, got, want)
 		}
+	}
+}
+
+// S9: what settlement forgives at a bucket's floor is counted by bucket
+// name, and a caller's cancellation is not a store error.
+func TestDebtForgivenCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	t0 := time.Unix(1_800_000_000, 0)
+	st := m.Instrument(buckets.NewMemory(buckets.MemoryOptions{Now: func() time.Time { return t0 }}))
+	ctx := context.Background()
+	capped := buckets.Bucket{Name: "user", Key: "alice", Limit: buckets.Limit{Capacity: 10, Rate: 1e-9}, MaxDebt: 4}
+	hard := buckets.Bucket{Name: "team", Key: "t", Limit: buckets.Limit{Capacity: 10, Rate: 1e-9}, Hard: true}
+	d, err := st.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{capped, hard}})
+	if err != nil || !d.OK {
+		t.Fatal(d, err)
+	}
+	if _, err := st.Settle(ctx, d.Reservation, 100); err != nil {
+		t.Fatal(err)
+	}
+	// A settlement queued with SettleAsync counts too: bob's bucket takes
+	// 20 used of 10 reserved down to its floor of -4, forgiving 6.
+	bob := capped
+	bob.Key = "bob"
+	d, err = st.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{bob}})
+	if err != nil || !d.OK {
+		t.Fatal(d, err)
+	}
+	st.SettleAsync(d.Reservation, 20, nil)
+	if err := st.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := st.Reserve(cancelled, buckets.Request{Cost: 1, Buckets: []buckets.Bucket{capped}}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Reserve with a cancelled context = %v", err)
+	}
+	want := `
+# HELP tokengate_debt_forgiven_tokens_total Tokens used but not charged because settlement reached a bucket's floor (max_debt, or zero for a hard bucket; S9, S14), by bucket.
+# TYPE tokengate_debt_forgiven_tokens_total counter
+tokengate_debt_forgiven_tokens_total{bucket="team"} 90
+tokengate_debt_forgiven_tokens_total{bucket="user"} 92
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_debt_forgiven_tokens_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.storeErrors); n != 0 {
+		t.Errorf("store error series = %d after a cancelled call, want 0", n)
+	}
+}
+
+// The fleet's size and this gateway's share of the fallback are gauges.
+func TestShare(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Share(4, buckets.PerMinute(2500, 0))
+	want := `
+# HELP tokengate_fallback_tokens_per_minute This gateway's fallback limit per bucket while failing open: its share of the fleet's (S21).
+# TYPE tokengate_fallback_tokens_per_minute gauge
+tokengate_fallback_tokens_per_minute 2500
+# HELP tokengate_fleet_gateways Gateways sharing the bucket store, this one included, at the last heartbeat that reached it.
+# TYPE tokengate_fleet_gateways gauge
+tokengate_fleet_gateways 4
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_fallback_tokens_per_minute", "tokengate_fleet_gateways"); err != nil {
+		t.Error(err)
 	}
 }

@@ -41,7 +41,7 @@ type step struct {
 }
 
 // outcome is what a step must produce. For settle steps only Remaining
-// counts; for extend steps only OK.
+// and Forgiven count; for extend steps only OK.
 type outcome struct {
 	OK        bool
 	Reason    buckets.Reason
@@ -49,6 +49,7 @@ type outcome struct {
 	Wait      time.Duration
 	Remaining []float64
 	Reset     []time.Duration // checked when not nil
+	Forgiven  []float64       // settle steps: checked when not nil
 }
 
 func reserve(at time.Duration, req buckets.Request, want outcome) step {
@@ -57,6 +58,11 @@ func reserve(at time.Duration, req buckets.Request, want outcome) step {
 
 func settle(at time.Duration, of int, actual float64, remaining ...float64) step {
 	return step{at: at, op: opSettle, of: of, amount: actual, want: outcome{Remaining: remaining}}
+}
+
+// forgiving is a settle step that also checks what each bucket forgave.
+func forgiving(at time.Duration, of int, actual float64, remaining, forgiven []float64) step {
+	return step{at: at, op: opSettle, of: of, amount: actual, want: outcome{Remaining: remaining, Forgiven: forgiven}}
 }
 
 func extend(at time.Duration, of int, n float64, ok bool) step {
@@ -104,6 +110,8 @@ func vectors() []vector {
 	capped.Name, capped.Key, capped.MaxDebt = "capped", "capped", 4
 	hard := b10
 	hard.Hard = true
+	hardOwn := hard
+	hardOwn.Name, hardOwn.Key = "hard", "hard"
 	soft5 := bucket("soft", 5, 1)
 	head := b10
 	head.Headroom = 3
@@ -118,6 +126,8 @@ func vectors() []vector {
 	slot := buckets.Slot{Name: "conc", Key: "conc", Max: 2, Lease: 10 * time.Second}
 	withSlot := req(1, bucket("b", 100, 1))
 	withSlot.Slots = []buckets.Slot{slot}
+	shortLived := req(5, bucket("b", 100, 0.1))
+	shortLived.Lifetime = 30 * time.Second
 	single := req(1, bucket("b", 100, 1))
 	single.Slots = []buckets.Slot{{Name: "conc", Key: "conc", Max: 1, Lease: 10 * time.Second}}
 	return []vector{
@@ -160,8 +170,16 @@ func vectors() []vector {
 		}},
 		{"S9 debt floor", []step{
 			reserve(0, req(10, b10, capped), ok("b", 0, 0)),
-			settle(0, 0, 100, -10, -4),
-			reserve(time.Second, req(1, b10, capped), short("b", 10*time.Second, -9, -3)),
+			settle(0, 0, 100, -90, -4),
+			reserve(time.Second, req(1, b10, capped), short("b", 90*time.Second, -89, -3)),
+		}},
+		{"S9 forgiven debt is reported per bucket", []step{
+			reserve(0, req(10, b10, capped, hardOwn), ok("b", 0, 0, 0)),
+			forgiving(0, 0, 100, []float64{-90, -4, 0}, []float64{0, 86, 90}),
+			forgiving(0, 0, 100, []float64{-90, -4, 0}, []float64{0, 0, 0}),
+			reserve(100*time.Second, req(10, b10, capped, hardOwn), ok("b", 0, 0, 0)),
+			forgiving(100*time.Second, 3, 12, []float64{-2, -2, 0}, []float64{0, 0, 2}),
+			forgiving(100*time.Second, 3, 0, []float64{-2, -2, 0}, []float64{0, 0, 0}),
 		}},
 		{"S9 a refusal writes nothing", []step{
 			reserve(0, req(8, b10), ok("b", 2)),
@@ -199,6 +217,12 @@ func vectors() []vector {
 			reserve(5*time.Second, req(1, b10), short("b", time.Second, 0)),
 			reserve(6*time.Second, req(1, b10), ok("b", 0)),
 		}},
+		{"S18 a pause keeps open reservations settleable", []step{
+			reserve(0, req(5, b10), ok("b", 5)),
+			pause(0, b10, time.Second),
+			settle(0, 0, 0, 5),
+			settle(0, 0, 0, 5),
+		}},
 		{"S18 pause keeps debt", []step{
 			reserve(0, req(10, b10), ok("b", 0)),
 			settle(0, 0, 12, -2),
@@ -219,6 +243,16 @@ func vectors() []vector {
 			reserve(0, withSlot, ok("b", 97)),
 			reserve(0, withSlot, outcome{Reason: buckets.ConcurrencyFull, Limiting: "conc", Remaining: []float64{97}}),
 			reserve(11*time.Second, withSlot, ok("b", 99)),
+		}},
+		{"S8 a reservation not settled within its lifetime expires", []step{
+			reserve(0, shortLived, ok("b", 95)),
+			reserve(0, shortLived, ok("b", 90)),
+			settle(20*time.Second, 0, 0, 97),
+			settle(31*time.Second, 1, 0, 98.1),
+			settle(31*time.Second, 0, 0, 98.1),
+			reserve(31*time.Second, shortLived, ok("b", 93.1)),
+			renew(50*time.Second, 5),
+			settle(75*time.Second, 5, 3, 99.5),
 		}},
 		{"S11 a renewed lease keeps its slot", []step{
 			reserve(0, single, ok("b", 99)),
@@ -294,12 +328,18 @@ func Run(t *testing.T, open Open) {
 					if err != nil {
 						t.Fatalf("step %d: Settle: %v", i, err)
 					}
-					var rem []float64
+					var rem, forgiven []float64
 					for _, b := range states {
 						rem = append(rem, b.Remaining)
+						forgiven = append(forgiven, b.Forgiven)
 					}
 					if diff := cmp.Diff(s.want.Remaining, rem, floatsClose); diff != "" {
 						t.Errorf("step %d: Settle(%v) at +%v remaining (-want +got):\n%s", i, s.amount, s.at, diff)
+					}
+					if s.want.Forgiven != nil {
+						if diff := cmp.Diff(s.want.Forgiven, forgiven, floatsClose); diff != "" {
+							t.Errorf("step %d: Settle(%v) at +%v forgiven (-want +got):\n%s", i, s.amount, s.at, diff)
+						}
 					}
 				case opExtend:
 					ok, err := st.Extend(ctx, res[s.of], s.amount)

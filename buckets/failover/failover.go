@@ -8,12 +8,42 @@
 // every request wait for a timeout and goroutines do not pile up on it; the
 // first call after the back-off probes the primary again, and its success
 // ends the outage. State changes are logged once each, not per request.
+//
+// A caller's cancellation or deadline is never an outage: an error from a
+// call whose own context has ended passes through unchanged, without
+// marking the primary down or answering from the fallback.
+//
+// # The fallback limit
+//
+// Failing open, each bucket of a request is checked against a local bucket
+// with the same key and the fallback limit — capped at the bucket's own
+// limit, so an outage never grants more than the shared bucket would. A
+// bucket's priority headroom and max debt keep their share of its capacity
+// (a provider bucket with 10 % headroom keeps 10 % of the fallback
+// capacity). A request that the shared buckets could admit but that is
+// larger than the local ones is not refused as never admissible: it is
+// admitted once the local buckets are full, reserving what they can hold,
+// and settlement charges its real usage, so the fallback rate still holds
+// over time. Such a reservation's Cost is what was reserved locally.
+//
+// # A fleet
+//
+// Every gateway of a fleet failing open with its own fallback would admit
+// the fallback once per gateway: the quota multiplied (S20). With
+// Options.Fleet, gateways announce themselves in the shared store with a
+// heartbeat (Heartbeats), and Options.Fallback is the fleet's: each gateway
+// falls back to Fallback divided by the gateways it last saw alive, never
+// below Options.FallbackFloor. The fleet then admits about Fallback during
+// an outage — more only by a gateway that joined within the last heartbeat,
+// or when the floor is above the share.
 package failover
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,12 +61,33 @@ const (
 	Open
 )
 
-// Options configures a Store. Only Mode (and, for Open, Fallback) matter to
-// most callers.
+// Options configures a Store. Only Mode (and, for Open, Fallback and
+// Fleet) matter to most callers.
 type Options struct {
 	Mode Mode
-	// Fallback is the limit each bucket gets locally while failing open.
+	// Fallback is the limit each bucket gets locally while failing open;
+	// with a Fleet, the limit of the whole fleet, which each gateway
+	// divides by the gateways alive (see Fleet).
 	Fallback buckets.Limit
+	// Fleet, when set, counts the gateways sharing the store: each gateway
+	// announces itself every HeartbeatEvery (Heartbeats), and while the
+	// store is down its fallback is Fallback divided by the gateways it
+	// last saw alive, so the fleet admits about Fallback in all, not
+	// Fallback per gateway. A gateway that has not yet reached the store
+	// uses all of Fallback.
+	Fleet Fleet
+	// FallbackFloor is the least a gateway's share may be, so that a large
+	// fleet still admits requests of a useful size; with it the fleet may
+	// admit up to gateways × FallbackFloor when that is more than Fallback.
+	FallbackFloor buckets.Limit
+	// HeartbeatEvery is how often Heartbeats beats; a heartbeat lives three
+	// times as long. Zero means one second.
+	HeartbeatEvery time.Duration
+	// GatewayID names this gateway in the fleet; empty means a random one.
+	GatewayID string
+	// OnShare, if set, is called when the gateways alive, and so this
+	// gateway's fallback limit, change (for metrics).
+	OnShare func(gateways int, fallback buckets.Limit)
 	// Backoff is how long the primary is left alone after a failure before
 	// it is probed again; zero means one second.
 	Backoff time.Duration
@@ -65,10 +116,17 @@ type Store struct {
 	// fallbackIDs remembers the reservations the local store made, so they
 	// settle where they were taken.
 	fallbackIDs sync.Map
+	// localExtended holds, per ID of a primary reservation extended against
+	// the fallback during an outage, how much of its Extended the fallback
+	// debited (float64): the primary never took it, so it is not settled
+	// there.
+	localExtended sync.Map
 
 	mu        sync.Mutex
 	pending   []pendingSettle // settlements the primary missed, oldest first
 	replaying bool
+
+	gateways atomic.Int64 // alive at the last heartbeat, see Fleet
 }
 
 // pendingSettle is a settlement to replay once the primary answers again.
@@ -95,6 +153,12 @@ func New(primary buckets.Store, opts Options) *Store {
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = 100000
 	}
+	if opts.HeartbeatEvery <= 0 {
+		opts.HeartbeatEvery = time.Second
+	}
+	if opts.GatewayID == "" {
+		opts.GatewayID = newGatewayID()
+	}
 	s := &Store{primary: primary, opts: opts}
 	if opts.Mode == Open {
 		s.local = buckets.NewMemory(buckets.MemoryOptions{Now: opts.Now})
@@ -113,9 +177,10 @@ func (s *Store) skipPrimary() bool {
 }
 
 // failed records a primary failure; it reports whether err is a store
-// failure (as opposed to invalid input, which passes through).
-func (s *Store) failed(err error) bool {
-	if err == nil || !isOutage(err) {
+// failure (as opposed to invalid input, or the end of the caller's own
+// context, which pass through).
+func (s *Store) failed(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || !isOutage(err) {
 		return false
 	}
 	s.downTill.Store(s.opts.Now().Add(s.opts.Backoff).UnixNano())
@@ -186,8 +251,9 @@ func (s *Store) startReplay() {
 			s.mu.Unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			_, err := s.primary.Settle(ctx, &p.r, p.actual)
+			failed := s.failed(ctx, err)
 			cancel()
-			if s.failed(err) {
+			if failed {
 				s.mu.Lock()
 				s.pending = append([]pendingSettle{p}, s.pending...)
 				s.replaying = false
@@ -202,6 +268,8 @@ func (s *Store) startReplay() {
 	}()
 }
 
+// isOutage reports whether err, from a call whose caller still waits, is
+// the primary's failure: ErrStore, or a deadline of the primary's own.
 func isOutage(err error) bool {
 	return errors.Is(err, buckets.ErrStore) || errors.Is(err, context.DeadlineExceeded)
 }
@@ -212,15 +280,38 @@ func (s *Store) fallback(op string) {
 	}
 }
 
-// localRequest replaces every bucket's limit with the fallback limit.
+// localBucket is b as the fallback checks it: this gateway's fallback limit
+// (its share of the fleet's), capped at b's own, with b's headroom and max
+// debt scaled to it.
+func (s *Store) localBucket(b buckets.Bucket) buckets.Bucket {
+	f := s.share()
+	l := buckets.Limit{
+		Capacity: min(f.Capacity, b.Limit.Capacity),
+		Rate:     min(f.Rate, b.Limit.Rate),
+	}
+	scale := l.Capacity / b.Limit.Capacity
+	if b.Headroom > 0 {
+		b.Headroom = min(b.Headroom*scale, math.Nextafter(l.Capacity, 0))
+	}
+	b.MaxDebt *= scale
+	b.Limit = l
+	return b
+}
+
+// localRequest maps the request's buckets with localBucket and, when the
+// shared buckets could admit its cost but the local ones cannot hold it,
+// lowers its cost to what they can hold.
 func (s *Store) localRequest(req buckets.Request) buckets.Request {
 	bs := make([]buckets.Bucket, len(req.Buckets))
+	fits := true
+	most := math.Inf(1)
 	for i, b := range req.Buckets {
-		b.Limit = s.opts.Fallback
-		if b.Headroom > b.Limit.Capacity {
-			b.Headroom = 0
-		}
-		bs[i] = b
+		fits = fits && buckets.Fits(b, req.Cost, req.Priority)
+		bs[i] = s.localBucket(b)
+		most = min(most, bs[i].Limit.Capacity-bs[i].Reserve(req.Priority))
+	}
+	if fits && req.Cost > most {
+		req.Cost = most
 	}
 	req.Buckets = bs
 	return req
@@ -230,19 +321,19 @@ func (s *Store) localRequest(req buckets.Request) buckets.Request {
 func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decision, error) {
 	if !s.skipPrimary() {
 		d, err := s.primary.Reserve(ctx, req)
-		if !s.failed(err) {
+		if !s.failed(ctx, err) {
 			if err == nil {
 				s.succeeded()
 			}
 			return d, err
 		}
-		if ctx.Err() != nil {
-			return buckets.Decision{}, err
-		}
+	}
+	if err := ctx.Err(); err != nil {
+		return buckets.Decision{}, fmt.Errorf("failover: reserve: %w", err)
 	}
 	s.fallback("reserve")
 	if s.local == nil {
-		return buckets.Decision{}, buckets.ErrStore
+		return buckets.Decision{}, fmt.Errorf("failover: reserve: failing closed: %w", buckets.ErrStore)
 	}
 	d, err := s.local.Reserve(ctx, s.localRequest(req))
 	if err == nil && d.Reservation != nil {
@@ -251,27 +342,48 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	return d, err
 }
 
-// Extend implements buckets.Store. A reservation made by the primary while it
-// is down cannot be metered; failing closed cuts the stream (hard budgets
-// must hold), failing open lets it run.
+// Extend implements buckets.Store. During an outage a reservation taken
+// locally extends locally; one the primary took extends against the
+// fallback limit when failing open (hard budgets still hold, at the
+// fallback's scale), and failing closed answers an error wrapping
+// buckets.ErrStore: the caller cuts the stream, since a hard budget can no
+// longer be checked.
 func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
 	if _, ok := s.fallbackIDs.Load(r.ID); ok {
 		return s.local.Extend(ctx, r, n)
 	}
 	if !s.skipPrimary() {
 		ok, err := s.primary.Extend(ctx, r, n)
-		if !s.failed(err) {
+		if !s.failed(ctx, err) {
 			if err == nil {
 				s.succeeded()
 			}
 			return ok, err
 		}
 	}
-	s.fallback("extend")
-	if s.opts.Mode == Open {
-		return true, nil
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("failover: extend: %w", err)
 	}
-	return false, buckets.ErrStore
+	s.fallback("extend")
+	if s.local == nil {
+		return false, fmt.Errorf("failover: extend: failing closed, hard budget cannot be checked: %w", buckets.ErrStore)
+	}
+	lr := *r
+	lr.Buckets = make([]buckets.Bucket, len(r.Buckets))
+	for i, b := range r.Buckets {
+		lr.Buckets[i] = s.localBucket(b)
+	}
+	ok, err := s.local.Extend(ctx, &lr, n)
+	if err != nil || !ok {
+		return ok, err
+	}
+	r.Extended += n
+	for {
+		v, loaded := s.localExtended.LoadOrStore(r.ID, n)
+		if !loaded || s.localExtended.CompareAndSwap(r.ID, v, v.(float64)+n) {
+			return true, nil
+		}
+	}
 }
 
 // Settle implements buckets.Store. Reservations taken locally settle
@@ -279,17 +391,25 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 // (bounded by MaxPending) and replayed when the primary answers again, so
 // refunds and slot releases are not lost to a short outage; until then the
 // reservation stays charged (the safe side).
+//
+// The part of Extended that the fallback debited during an outage is not
+// settled on the primary, which never took it.
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
 	if _, ok := s.fallbackIDs.LoadAndDelete(r.ID); ok {
 		return s.local.Settle(ctx, r, actual)
 	}
+	if v, ok := s.localExtended.LoadAndDelete(r.ID); ok {
+		pr := *r
+		pr.Extended -= v.(float64)
+		r = &pr
+	}
 	if s.skipPrimary() {
 		s.fallback("settle")
 		s.keep(r, actual)
-		return nil, buckets.ErrStore
+		return nil, fmt.Errorf("failover: settle: kept for replay: %w", buckets.ErrStore)
 	}
 	st, err := s.primary.Settle(ctx, r, actual)
-	if s.failed(err) {
+	if s.failed(context.WithoutCancel(ctx), err) {
 		s.keep(r, actual)
 	} else if err == nil {
 		s.succeeded()
@@ -297,19 +417,62 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	return st, err
 }
 
+var _ buckets.AsyncSettler = (*Store)(nil)
+
+// SettleAsync implements buckets.AsyncSettler as Settle does: reservations
+// taken locally settle locally, at once; the others go to the primary,
+// queued there when it settles asynchronously, and are kept for replay when
+// it fails.
+func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
+	as, ok := s.primary.(buckets.AsyncSettler)
+	_, local := s.fallbackIDs.Load(r.ID)
+	if !ok || local || s.skipPrimary() {
+		st, err := s.Settle(context.Background(), r, actual)
+		if done != nil {
+			done(st, err)
+		}
+		return
+	}
+	if v, ok := s.localExtended.LoadAndDelete(r.ID); ok {
+		pr := *r
+		pr.Extended -= v.(float64)
+		r = &pr
+	}
+	kept := *r
+	as.SettleAsync(r, actual, func(st []buckets.BucketState, err error) {
+		if s.failed(context.Background(), err) {
+			s.keep(&kept, actual)
+		} else if err == nil {
+			s.succeeded()
+		}
+		if done != nil {
+			done(st, err)
+		}
+	})
+}
+
+// Flush implements buckets.AsyncSettler: it flushes the primary's queue.
+// Settlements kept for replay wait for the primary to answer again.
+func (s *Store) Flush(ctx context.Context) error {
+	if as, ok := s.primary.(buckets.AsyncSettler); ok {
+		return as.Flush(ctx)
+	}
+	return nil
+}
+
 // Pause implements buckets.Store; during an outage the pause also applies
 // to the local fallback bucket.
 func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
 	if s.local != nil {
-		lb := b
-		lb.Limit = s.opts.Fallback
-		_ = s.local.Pause(ctx, lb, until)
+		if err := s.local.Pause(ctx, s.localBucket(b), until); err != nil {
+			return fmt.Errorf("failover: pause: %w", err)
+		}
 	}
 	if s.skipPrimary() {
-		return buckets.ErrStore
+		return fmt.Errorf("failover: pause: %w", buckets.ErrStore)
 	}
 	err := s.primary.Pause(ctx, b, until)
-	if !s.failed(err) && err == nil {
+	if !s.failed(ctx, err) && err == nil {
 		s.succeeded()
 	}
 	return err
@@ -326,10 +489,10 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 		return nil
 	}
 	if s.skipPrimary() {
-		return buckets.ErrStore
+		return fmt.Errorf("failover: renew: %w", buckets.ErrStore)
 	}
 	err := rn.Renew(ctx, r)
-	if !s.failed(err) && err == nil {
+	if !s.failed(ctx, err) && err == nil {
 		s.succeeded()
 	}
 	return err

@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,95 +17,230 @@ import (
 	"github.com/tokengate/tokengate/internal/redistest"
 )
 
-// trivialLua is the ceiling: the cheapest script call the server can do
-// with one key, measured on the same server in the same run.
+// trivialLua is the floor of a script call: the cheapest one the server
+// can do with one key, measured on the same server in the same run.
 var trivialLua = redis.NewScript(`return KEYS[1]`)
 
-// BenchmarkReserveSettle measures reserve+settle of a 3-bucket chain (each
-// caller its own user, shared team and provider) at 1, 16 and 64
-// concurrent callers on one standalone Redis, next to that server's ceiling
-// for a trivial EVALSHA measured in alternating rounds of the same run, and
-// reports the ratio of
-// script calls per second (ratio), and the server CPU per script call of
-// both (redis-µs/call, trivial-redis-µs/call).
+// BenchmarkReserveSettle measures what Redis pays per admitted request:
+// reserve then settle (Settle, or SettleAsync, which joins the next call)
+// of a chain of 1 or 3 buckets (each caller its own user, shared team and
+// provider buckets) at 1, 16 and 64 callers on
+// one standalone Redis, next to, in alternating rounds of the same run,
+//   - the peer's check and charge: two pipelines of INCRBY+EXPIRE per
+//     request and bucket, as envoyproxy/ratelimit does for a token limit,
+//     and
+//   - a trivial EVALSHA, the floor of a script call.
+//
+// It reports the server's CPU (INFO cpu) per request for the store and the
+// peer and their ratio (redis-cpu-vs-peer, the target is ≤ 1), per trivial
+// call, the script calls per request (group commit makes it < 2 under
+// load), requests per second for both, and the growth of used_memory per
+// request over the store's rounds (settled requests leave nothing: the
+// target is ≤ 16 B).
 func BenchmarkReserveSettle(b *testing.B) {
 	srv := redistest.Start(b)
-	for _, callers := range []int{1, 16, 64} {
-		b.Run("callers="+strconv.Itoa(callers), func(b *testing.B) {
-			ctx := context.Background()
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: callers})
-			defer c.Close()
-			if err := trivialLua.Load(ctx, c).Err(); err != nil {
-				b.Fatal(err)
+	for _, chain := range []int{1, 3} {
+		for _, settle := range []string{"sync", "async"} {
+			for _, callers := range []int{1, 16, 64} {
+				b.Run(fmt.Sprintf("chain=%d/settle=%s/callers=%d", chain, settle, callers), func(b *testing.B) {
+					reserveSettle(b, srv, chain, settle == "async", callers)
+				})
 			}
-			st := redisstore.New(c, redisstore.Options{Prefix: fmt.Sprintf("bench%d:", callers)})
-			lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
-			team := buckets.Bucket{Name: "team", Key: "team", Limit: lim}
-			prov := buckets.Bucket{Name: "provider", Key: "provider", Limit: lim}
-			reqs := make([]buckets.Request, callers)
-			for i := range reqs {
-				user := buckets.Bucket{Name: "user", Key: "user" + strconv.Itoa(i), Limit: lim}
-				reqs[i] = buckets.Request{Cost: 100, Buckets: []buckets.Bucket{user, team, prov}}
+		}
+	}
+}
+
+// reserveSettle runs BenchmarkReserveSettle with chains of one bucket
+// (the user's) or three (the user's, a team's and a provider's), against a
+// peer that charges as many keys, settling with Settle or SettleAsync.
+func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, callers int) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: callers})
+	defer c.Close()
+	if err := trivialLua.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	st := redisstore.New(c, redisstore.Options{Prefix: fmt.Sprintf("bench%d.%d:", chain, callers)})
+	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+	team := buckets.Bucket{Name: "team", Key: "team", Limit: lim}
+	prov := buckets.Bucket{Name: "provider", Key: "provider", Limit: lim}
+	reqs := make([]buckets.Request, callers)
+	for i := range reqs {
+		user := buckets.Bucket{Name: "user", Key: "user" + strconv.Itoa(i), Limit: lim}
+		reqs[i] = buckets.Request{Cost: 100, Buckets: []buckets.Bucket{user, team, prov}[:chain]}
+	}
+	pair := func(worker int) error {
+		d, err := st.Reserve(ctx, reqs[worker])
+		if err != nil {
+			return err
+		}
+		if async {
+			st.SettleAsync(d.Reservation, 80, nil)
+			return nil
+		}
+		_, err = st.Settle(ctx, d.Reservation, 80)
+		return err
+	}
+	flush := func() {
+		if err := st.Flush(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	peer := func(worker int) error {
+		keys := []string{"peer:user" + strconv.Itoa(worker), "peer:team", "peer:provider"}[:chain]
+		for range 2 {
+			p := c.Pipeline()
+			for _, key := range keys {
+				p.IncrBy(ctx, key, 100)
+				p.Expire(ctx, key, time.Minute)
 			}
-			// Load the scripts before timing.
-			if d, err := st.Reserve(ctx, reqs[0]); err != nil || !d.OK {
-				b.Fatalf("Reserve = %+v, %v", d, err)
-			} else if _, err := st.Settle(ctx, d.Reservation, 100); err != nil {
-				b.Fatal(err)
-			}
-			pair := func(worker int) error {
-				d, err := st.Reserve(ctx, reqs[worker])
-				if err != nil {
-					return err
-				}
-				_, err = st.Settle(ctx, d.Reservation, 80)
+			if _, err := p.Exec(ctx); err != nil {
 				return err
 			}
-			trivial := func(int) error {
-				return c.EvalSha(ctx, trivialLua.Hash(), []string{"bench:trivial"}).Err()
-			}
-			// The trivial ceiling and the store run in alternating rounds, so
-			// that both see the same machine load.
-			const rounds = 10
-			var trivialTime, trivialCPU, storeCPU, trivialProc, storeProc time.Duration
-			trivialCalls := 0
-			b.ReportAllocs()
-			b.ResetTimer()
-			for r := range rounds {
-				n := b.N/rounds + min(1, max(0, b.N%rounds-r))
-				b.StopTimer()
-				m := max(2*n, 200)
-				c.ConfigResetStat(ctx)
-				p0 := procCPU(b, srv.PID())
-				start := time.Now()
-				parallel(callers, m, trivial)
-				trivialTime += time.Since(start)
-				trivialProc += procCPU(b, srv.PID()) - p0
-				trivialCalls += m
-				trivialCPU += time.Duration(usecPerCall(b, c) * float64(m) * 1e3)
-				c.ConfigResetStat(ctx)
-				p0 = procCPU(b, srv.PID())
-				b.StartTimer()
-				parallel(callers, n, pair)
-				b.StopTimer()
-				storeProc += procCPU(b, srv.PID()) - p0
-				storeCPU += time.Duration(usecPerCall(b, c) * float64(2*n) * 1e3)
-				b.StartTimer()
-			}
-			ceiling := float64(trivialCalls) / trivialTime.Seconds()
-			b.StopTimer()
-			rate := float64(2*b.N) / b.Elapsed().Seconds()
-			b.ReportMetric(rate, "calls/s")
-			b.ReportMetric(ceiling, "trivial-calls/s")
-			b.ReportMetric(rate/ceiling, "ratio")
-			b.ReportMetric(float64(storeCPU.Microseconds())/float64(2*b.N), "redis-µs/call")
-			b.ReportMetric(float64(trivialCPU.Microseconds())/float64(trivialCalls), "trivial-redis-µs/call")
-			// The server process's CPU per call, I/O included: the cost that
-			// decides how many calls one Redis core can serve.
-			b.ReportMetric(float64(storeProc.Microseconds())/float64(2*b.N), "server-cpu-µs/call")
-			b.ReportMetric(float64(trivialProc.Microseconds())/float64(trivialCalls), "trivial-server-cpu-µs/call")
-		})
+		}
+		return nil
 	}
+	trivial := func(int) error {
+		return c.EvalSha(ctx, trivialLua.Hash(), []string{"bench:trivial"}).Err()
+	}
+	// Every key exists before memory is measured.
+	parallel(callers, 4*callers, pair)
+	flush()
+	parallel(callers, callers, peer)
+	const rounds = 10
+	var storeTime, peerTime time.Duration
+	var storeCPU, peerCPU, trivialCPU float64
+	var scriptCalls int64
+	mem0 := usedMemory(b, c)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for r := range rounds {
+		n := b.N/rounds + min(1, max(0, b.N%rounds-r))
+		b.StopTimer()
+		m := max(n, 100)
+		cpu0 := redisCPU(b, c)
+		start := time.Now()
+		parallel(callers, m, peer)
+		peerTime += time.Since(start)
+		cpu1 := redisCPU(b, c)
+		parallel(callers, m, trivial)
+		cpu2 := redisCPU(b, c)
+		peerCPU += (cpu1 - cpu0) / float64(m)
+		trivialCPU += (cpu2 - cpu1) / float64(m)
+		calls0 := evalshaCalls(b, c)
+		b.StartTimer()
+		start = time.Now()
+		parallel(callers, n, pair)
+		flush()
+		storeTime += time.Since(start)
+		b.StopTimer()
+		storeCPU += (redisCPU(b, c) - cpu2) / float64(max(n, 1))
+		scriptCalls += evalshaCalls(b, c) - calls0
+		b.StartTimer()
+	}
+	b.StopTimer()
+	grown := usedMemory(b, c) - mem0
+	storeCPU, peerCPU, trivialCPU = storeCPU/rounds, peerCPU/rounds, trivialCPU/rounds
+	b.ReportMetric(float64(b.N)/storeTime.Seconds(), "req/s")
+	b.ReportMetric(float64(rounds*max(b.N/rounds, 100))/peerTime.Seconds(), "peer-req/s")
+	b.ReportMetric(storeCPU, "redis-cpu-µs/req")
+	b.ReportMetric(peerCPU, "peer-redis-cpu-µs/req")
+	b.ReportMetric(storeCPU/peerCPU, "redis-cpu-vs-peer")
+	b.ReportMetric(trivialCPU, "trivial-redis-cpu-µs/call")
+	b.ReportMetric(float64(scriptCalls)/float64(b.N), "script-calls/req")
+	b.ReportMetric(float64(grown)/float64(b.N), "redis-B/req")
+}
+
+// BenchmarkRedisBytesPerRequest measures what settled requests leave in
+// Redis: the growth of used_memory over 100,000 reserve+settle pairs (or
+// b.N, if more) of a 3-bucket chain (16 callers, 64 users), once every key
+// exists. The target is ≤ 16 B per request; a settled request leaves
+// nothing, so what remains is allocator noise.
+func BenchmarkRedisBytesPerRequest(b *testing.B) {
+	srv := redistest.Start(b)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+	team := buckets.Bucket{Name: "team", Key: "team", Limit: lim}
+	prov := buckets.Bucket{Name: "provider", Key: "provider", Limit: lim}
+	var next atomic.Int64
+	pair := func(int) error {
+		user := buckets.Bucket{Name: "user", Key: "user" + strconv.FormatInt(next.Add(1)%64, 10), Limit: lim}
+		d, err := st.Reserve(ctx, buckets.Request{Cost: 100, Buckets: []buckets.Bucket{user, team, prov}})
+		if err != nil {
+			return err
+		}
+		st.SettleAsync(d.Reservation, 80, nil)
+		return nil
+	}
+	// At least 100,000 requests, whatever -benchtime asks.
+	requests := max(b.N, 100_000)
+	parallel(16, 1000, pair)
+	if err := st.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	mem0, keys0 := usedMemory(b, c), c.DBSize(ctx).Val()
+	b.ResetTimer()
+	parallel(16, requests, pair)
+	if err := st.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	grown := float64(usedMemory(b, c) - mem0)
+	b.ReportMetric(grown/float64(requests)*100_000, "redis-B/100k-req")
+	b.ReportMetric(grown/float64(requests), "redis-B/req")
+	b.ReportMetric(float64(c.DBSize(ctx).Val()-keys0), "keys-grown")
+}
+
+// redisCPU reads the server's CPU time in microseconds, user and system,
+// from INFO cpu: all it spends on the requests, I/O included.
+func redisCPU(b *testing.B, c *redis.Client) float64 {
+	return infoField(b, c, "cpu", "used_cpu_user:")*1e6 + infoField(b, c, "cpu", "used_cpu_sys:")*1e6
+}
+
+// usedMemory reads used_memory from INFO memory.
+func usedMemory(b *testing.B, c *redis.Client) int64 {
+	return int64(infoField(b, c, "memory", "used_memory:"))
+}
+
+// evalshaCalls reads how many EVALSHA calls the server has run.
+func evalshaCalls(b *testing.B, c *redis.Client) int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	return 0
+}
+
+func infoField(b *testing.B, c *redis.Client, section, field string) float64 {
+	info, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field); ok {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return x
+		}
+	}
+	b.Fatalf("INFO %s has no %s", section, field)
+	return 0
 }
 
 // parallel runs n calls of fn over callers goroutines and fails the
@@ -129,43 +263,4 @@ func parallel(callers, n int, fn func(worker int) error) {
 	if err := failed.Load(); err != nil {
 		panic(err)
 	}
-}
-
-// procCPU returns the CPU time (user and system) of process pid, from
-// /proc/<pid>/stat; zero where /proc is missing.
-func procCPU(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	// Fields after the parenthesised command name; utime and stime are the
-	// 14th and 15th fields of the line, in clock ticks (100 per second).
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-	if len(f) < 13 {
-		b.Fatalf("short /proc stat: %q", raw)
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+st) * 10 * time.Millisecond
-}
-
-// usecPerCall reads the server's CPU per EVALSHA since the last
-// CONFIG RESETSTAT.
-func usecPerCall(b *testing.B, c *redis.Client) float64 {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") {
-			continue
-		}
-		for _, f := range strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_evalsha:")), ",") {
-			if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				return x
-			}
-		}
-	}
-	return 0
 }

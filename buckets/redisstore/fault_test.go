@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +38,11 @@ func TestServerClock(t *testing.T) {
 	if ttl := c.PTTL(ctx, "tg:c:{user:%7B7%7D}").Val(); ttl <= 0 || ttl > time.Minute+2*time.Second {
 		t.Errorf("slot set TTL = %v, want about the lease (1m)", ttl)
 	}
+	// The open reservation's record, in its bucket's value, lives as long
+	// as it may be settled.
+	if ttl := c.PTTL(ctx, "tg:b:{user:%7B7%7D}").Val(); ttl < buckets.DefaultLifetime || ttl > buckets.DefaultLifetime+2*time.Second {
+		t.Errorf("bucket TTL with an open reservation = %v, want about the default lifetime (%v)", ttl, buckets.DefaultLifetime)
+	}
 	states, err := st.Settle(ctx, d.Reservation, 50)
 	if err != nil {
 		t.Fatal(err)
@@ -48,8 +54,10 @@ func TestServerClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 2 { // the released slot set is gone with its last member
-		t.Errorf("keys = %q, want a bucket and a settled marker", keys)
+	// A settled request leaves nothing behind: its record is gone from the
+	// bucket, the slot set with its last member.
+	if len(keys) != 1 {
+		t.Errorf("keys = %q, want the bucket alone", keys)
 	}
 	for _, k := range keys {
 		ttl, err := c.PTTL(ctx, k).Result()
@@ -176,4 +184,90 @@ func TestClusterExtendAcrossSlots(t *testing.T) {
 	if got := []float64{probe.Buckets[0].Remaining, probe.Buckets[1].Remaining}; math.Abs(got[0]-91) > 1e-6 || math.Abs(got[1]-1) > 1e-6 {
 		t.Errorf("levels after a refused Extend = %v, want [91 1]", got)
 	}
+}
+
+// TestLongIDAndKeyAreBounded: a 60 KB reservation ID (a client's request
+// ID, say) and a 10 KB bucket key never become Redis keys or slot members
+// of that size; hashed, they still settle once, and two long IDs that
+// differ only at their end stay two reservations.
+func TestLongIDAndKeyAreBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	ctx := context.Background()
+	longKey := strings.Repeat("k", 10<<10)
+	b := buckets.Bucket{Name: "user", Key: longKey, Limit: buckets.Limit{Capacity: 100, Rate: 1e-9}}
+	slot := buckets.Slot{Name: "conc", Key: longKey, Max: 2, Lease: time.Minute}
+	idA, idB := strings.Repeat("x", 60<<10)+"a", strings.Repeat("x", 60<<10)+"b"
+	var res []*buckets.Reservation
+	for _, id := range []string{idA, idB} {
+		d, err := st.Reserve(ctx, buckets.Request{ID: id, Cost: 10, Buckets: []buckets.Bucket{b}, Slots: []buckets.Slot{slot}})
+		if err != nil || !d.OK {
+			t.Fatalf("Reserve = %+v, %v", d, err)
+		}
+		res = append(res, d.Reservation)
+	}
+	if _, err := st.Settle(ctx, res[0], 4); err != nil {
+		t.Fatal(err)
+	}
+	// The second reservation is not taken for the first: its settlement
+	// refunds too, and settling the first again changes nothing.
+	for _, r := range []*buckets.Reservation{res[1], res[0]} {
+		if _, err := st.Settle(ctx, r, 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := st.Reserve(ctx, buckets.Request{Cost: 0, Buckets: []buckets.Bucket{b}, Slots: []buckets.Slot{slot}})
+	if err != nil || !d.OK || math.Abs(d.Buckets[0].Remaining-92) > 1e-6 {
+		t.Fatalf("after two settlements of 4 = %+v, %v; want 92 left and the slots free", d, err)
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if len(k) > 128 {
+			t.Errorf("key of %d bytes: %.60q…", len(k), k)
+		}
+		if typ := c.Type(ctx, k).Val(); typ == "zset" {
+			for _, m := range c.ZRange(ctx, k, 0, -1).Val() {
+				if len(m) > 64 {
+					t.Errorf("slot member of %d bytes in %s", len(m), k)
+				}
+			}
+		}
+	}
+	if len(keys) != 2 {
+		t.Errorf("keys = %q; want the bucket and the slot set of the last Reserve", keys)
+	}
+}
+
+// TestHeartbeat counts the gateways alive: one that leaves is gone at
+// once, one that stops beating once its heartbeat's TTL has passed.
+func TestHeartbeat(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	now := time.Unix(1_800_000_000, 0)
+	redisstore.SetScriptClock(st, func() time.Time { return now })
+	ctx := context.Background()
+	beat := func(gw string, want int) {
+		t.Helper()
+		if n, err := st.Heartbeat(ctx, gw, 3*time.Second); err != nil || n != want {
+			t.Fatalf("Heartbeat(%s) = %d, %v; want %d alive", gw, n, err, want)
+		}
+	}
+	beat("a", 1)
+	beat("b", 2)
+	beat("c", 3)
+	if err := st.Leave(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	beat("a", 2)
+	now = now.Add(2 * time.Second)
+	beat("a", 2) // c's heartbeat has a second left
+	now = now.Add(1500 * time.Millisecond)
+	beat("a", 1)
 }

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -25,12 +26,32 @@ func openOn(newClient func() redisstore.Scripter, cluster bool) bucketstest.Open
 		for i := range stores {
 			c := newClient()
 			t.Cleanup(func() { c.(interface{ Close() error }).Close() })
+			c.(interface{ AddHook(redis.Hook) }).AddHook(midCallHook{})
 			s := redisstore.New(c, redisstore.Options{Prefix: prefix, Cluster: cluster})
 			redisstore.SetScriptClock(s, clock.Now)
 			stores[i] = s
 		}
 		return stores
 	}
+}
+
+// midCallHook calls the function of bucketstest.WithMidCall as a command
+// is about to be sent: the store has started, the caller goes away.
+type midCallHook struct{}
+
+func (midCallHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (midCallHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if fn := bucketstest.MidCall(ctx); fn != nil {
+			fn()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (midCallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 func standalone(t *testing.T) bucketstest.Open {
@@ -54,6 +75,8 @@ func TestContract(t *testing.T) {
 		t.Run("invalid", func(t *testing.T) { bucketstest.RunInvalid(t, open) })
 		t.Run("races", func(t *testing.T) { bucketstest.RunRaces(t, open) })
 		t.Run("property", func(t *testing.T) { bucketstest.RunProperty(t, open, 4, 300) })
+		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
+		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
 	})
 	t.Run("cluster", func(t *testing.T) {
 		open := cluster(t)
@@ -61,5 +84,7 @@ func TestContract(t *testing.T) {
 		t.Run("invalid", func(t *testing.T) { bucketstest.RunInvalid(t, open) })
 		t.Run("races", func(t *testing.T) { bucketstest.RunRaces(t, open) })
 		t.Run("property", func(t *testing.T) { bucketstest.RunProperty(t, open, 4, 300) })
+		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
+		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
 	})
 }

@@ -1,5 +1,5 @@
 // Package redisstore is the buckets.Store for a fleet of gateways: bucket
-// state lives in Redis, and every operation is one Lua script call that
+// state lives in Redis, and every operation runs in a Lua script that
 // refills, checks and debits in one atomic step (S20), timed by the Redis
 // server's clock (S2). It works with standalone Redis and with Redis
 // Cluster.
@@ -7,10 +7,36 @@
 // # Keys
 //
 // A bucket with key K is the string <prefix>b:{K}, a concurrency limit is the
-// sorted set <prefix>c:{K}, and a settled reservation leaves the marker
-// <prefix>s:{K}:<id> (K escaped so that it contains no braces). Every key
-// has a TTL: an idle bucket expires once it would have refilled to full,
-// which is the state a missing key stands for.
+// sorted set <prefix>c:{K} (K escaped so that it contains no braces). An
+// open reservation has a record, which makes its settlement once-only: in
+// the value of the first bucket of its chain (or of its cluster group), or,
+// past a few per bucket, in the sorted set <prefix>r (<prefix>r:{T} in a
+// cluster, one per hash slot), scored by when the reservation expires
+// (Request.Lifetime). Settlement deletes it: a settled request leaves
+// nothing behind. A key K longer than 200 bytes, or a reservation ID longer
+// than 64, enters keys and records as "%h" and the SHA-256 of it (an
+// escaped K never contains "%h", and an ID that starts with it is hashed
+// too), so neither a client nor a configuration can make a key of unbounded
+// size. Every key has a TTL: an idle bucket expires once it would have
+// refilled to full, which is the state a missing key stands for, and once
+// its records have expired.
+//
+// # Group commit
+//
+// Redis pays per call, so the store calls less: reserves and settlements
+// that meet on their way to the same hash slot go in one script call, each
+// still atomic and all or none for itself (batch.go). A request settled
+// with SettleAsync rides on the next call, so a gateway pays one call per
+// request instead of two.
+//
+// # Cancellation
+//
+// As the buckets.Store contract requires, an operation called with a
+// context that is already done writes nothing and returns its error; once
+// started, it runs on a context detached from the caller's cancellation and
+// deadline, bounded by Options.Timeout and the client's own timeouts, so a
+// client that disconnects never leaves a reservation that Redis wrote but
+// nobody will settle. Settle always runs.
 //
 // # Redis Cluster
 //
@@ -19,20 +45,22 @@
 // shares the provider bucket, so no choice of hash tags can put all chains
 // in one slot without putting everything there. With Options.Cluster the
 // store therefore groups a chain's keys by hash slot and runs one atomic
-// script per group: each group takes its tokens only if all its own buckets
-// admit. The groups are asked concurrently, so a split chain still costs
-// one round trip. If any group refuses, the groups that took are refunded
-// (compensated) at once. A bucket is thus never over-admitted — each take is
-// checked atomically against its own level — and the cost of the split is
-// only that tokens held between a take and its refund may refuse another
-// request in that moment (the safe side). Settlement runs per group too, each
-// with its own once-only marker in that group's slot.
+// operation per group: each group takes its tokens only if all its own
+// buckets admit. The groups are asked concurrently, so a split chain still
+// costs one round trip. If any group refuses, the groups that took are
+// refunded (compensated) at once. A bucket is thus never over-admitted —
+// each take is checked atomically against its own level — and the cost of
+// the split is only that tokens held between a take and its refund may
+// refuse another request in that moment (the safe side). Settlement runs per
+// group too, each with its own record in that group's slot.
 package redisstore
 
 import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -69,30 +97,42 @@ type Options struct {
 	// the package documentation). It is set automatically when the client is
 	// a *redis.ClusterClient.
 	Cluster bool
-	// SettledTTL is how long a settled reservation is remembered, so that a
-	// second Settle of it changes nothing (S8). Zero means one hour.
-	SettledTTL time.Duration
 	// Now is the gateway clock, used only to turn Pause's absolute time into
 	// a duration from now; the buckets themselves run on Redis's clock. Nil
 	// means time.Now.
 	Now func() time.Time
+	// Timeout bounds an operation once started, detached from the caller's
+	// context (see Cancellation); the client's own read, write and pool
+	// timeouts apply within it. Zero means two seconds.
+	Timeout time.Duration
+	// SettleWindow is how long a settlement queued by SettleAsync waits for
+	// a call to Redis to join before it goes on its own. Zero means two
+	// milliseconds.
+	SettleWindow time.Duration
 }
 
 // Store is the Redis buckets.Store. It is safe for concurrent use; it holds
-// no state besides its configuration, so any number of gateways may share
-// one Redis. Use New; the zero value is not usable.
+// no bucket state, only the operations on their way to Redis, so any number
+// of gateways may share one Redis. Use New; the zero value is not usable.
+// Call Flush before shutting down when settling with SettleAsync.
 type Store struct {
-	c          Scripter
-	prefix     string
-	cluster    bool
-	settledTTL string
-	now        func() time.Time
-	limits     sync.Map // limitKey → *[4]any, see limitArgs
-	nlimits    atomic.Int64
+	c       Scripter
+	prefix  string
+	cluster bool
+	timeout time.Duration
+	now     func() time.Time
+	limits  sync.Map // limitKey → *[4]any, see limitArgs
+	nlimits atomic.Int64
 	// scriptNow, when set, replaces the Redis server's TIME inside the
 	// scripts. Only this package's tests set it (export_test.go): no
 	// configuration reaches it.
 	scriptNow func() time.Time
+	lane      lane     // standalone: the one lane (batch.go)
+	lanes     sync.Map // cluster: hash slot → *lane
+	window    time.Duration
+	flushMu   sync.Mutex
+	queued    int           // settlements queued by SettleAsync, not done
+	idle      chan struct{} // closed when queued drops to zero
 }
 
 // New returns a Store that keeps its buckets in Redis through c.
@@ -104,15 +144,35 @@ func New(c Scripter, opts Options) *Store {
 	if _, ok := c.(*redis.ClusterClient); ok {
 		s.cluster = true
 	}
-	ttl := opts.SettledTTL
-	if ttl <= 0 {
-		ttl = time.Hour
-	}
-	s.settledTTL = strconv.FormatInt(ttl.Milliseconds(), 10)
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.timeout = opts.Timeout
+	if s.timeout <= 0 {
+		s.timeout = 2 * time.Second
+	}
+	s.window = opts.SettleWindow
+	if s.window <= 0 {
+		s.window = 2 * time.Millisecond
+	}
 	return s
+}
+
+// start checks that the caller still waits (ctx not done: otherwise nothing
+// is written and the caller's error is returned, never ErrStore) and
+// returns the context the operation runs on: detached from ctx's
+// cancellation and deadline, with ctx's values, bounded by the store's own
+// timeout.
+func (s *Store) start(ctx context.Context, op string) (context.Context, context.CancelFunc, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	dctx, cancel := s.detach(ctx)
+	return dctx, cancel, nil
+}
+
+func (s *Store) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 }
 
 type script struct{ src, sha string }
@@ -120,26 +180,36 @@ type script struct{ src, sha string }
 func newScript(src string) script { return script{src: src, sha: redis.NewScript(src).Hash()} }
 
 var (
-	reserveScript = newScript(reserveLua)
-	settleScript  = newScript(settleLua)
-	extendScript  = newScript(extendLua)
-	pauseScript   = newScript(pauseLua)
-	renewScript   = newScript(renewLua)
+	batchScript  = newScript(batchLua)
+	extendScript = newScript(extendLua)
+	pauseScript  = newScript(pauseLua)
+	renewScript  = newScript(renewLua)
 )
 
 var _ buckets.Renewer = (*Store)(nil)
 
-// Renew implements buckets.Renewer: it extends the reservation's slot
-// leases that have not expired by their Lease, one script call per slot
-// group.
+// Renew implements buckets.Renewer: it extends the reservation's record by
+// its lifetime, and its slot leases by their Lease, where they have not
+// expired, one script call per group.
 func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	if r == nil || r.ID == "" {
 		return fmt.Errorf("%w: renew: reservation without ID", buckets.ErrInvalidRequest)
 	}
-	nowArg := s.nowArg()
-	for _, g := range s.groups(nil, r.Slots) {
-		keys := make([]string, 0, len(g.slots))
-		args := []any{nowArg, r.ID}
+	ctx, cancel, err := s.start(ctx, "renew")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	nowArg, id := s.nowArg(), idPart(r.ID)
+	for _, g := range s.groups(r.Buckets, r.Slots) {
+		keys := make([]string, 0, 2+len(g.slots))
+		keys = append(keys, s.recordKey(g.tag))
+		holder := "0"
+		if len(g.buckets) > 0 {
+			keys = append(keys, s.bucketKey(r.Buckets[g.buckets[0]].Key))
+			holder = "1"
+		}
+		args := []any{nowArg, id, r.LifetimeOrDefault().Microseconds(), holder}
 		for _, j := range g.slots {
 			keys = append(keys, s.slotKey(r.Slots[j].Key))
 			args = append(args, r.Slots[j].LeaseOrDefault().Microseconds())
@@ -186,25 +256,31 @@ func num(f float64) any {
 }
 
 // limitArgs returns the script arguments for bucket b: capacity, rate,
-// floor ("low") and the TTL that covers a refill from the floor to full.
+// low (see ttlLow) and the TTL that covers a refill from low to full.
 // Limits come from configuration, so there are few of them: they are
 // formatted once.
 func (s *Store) limitArgs(b buckets.Bucket) *[4]any {
-	k := limitKey{b.Limit, b.Floor()}
+	k := limitKey{b.Limit, ttlLow(b)}
 	if v, ok := s.limits.Load(k); ok {
 		return v.(*[4]any)
 	}
-	ms := math.Ceil((b.Limit.Capacity-k.floor)/b.Limit.Rate*1000) + 1001
-	a := &[4]any{num(b.Limit.Capacity), num(b.Limit.Rate), num(k.floor), strconv.FormatInt(int64(math.Min(ms, 1e12)), 10)}
+	ms := math.Ceil((b.Limit.Capacity-k.low)/b.Limit.Rate*1000) + 1001
+	a := &[4]any{num(b.Limit.Capacity), num(b.Limit.Rate), num(k.low), strconv.FormatInt(int64(math.Min(ms, 1e12)), 10)}
 	if s.nlimits.Add(1) <= maxCachedLimits {
 		s.limits.Store(k, a)
 	}
 	return a
 }
 
-// ttlArg returns the TTL argument of bucket b: the time to refill from its
-// floor to full, plus a second, in milliseconds.
+// ttlArg returns the TTL argument of bucket b: the time to refill from
+// ttlLow(b) to full, plus a second, in milliseconds.
 func (s *Store) ttlArg(b buckets.Bucket) any { return s.limitArgs(b)[3] }
+
+// ttlLow is the lowest level for which a script may use the precomputed TTL
+// of ttlArg; below it (and while paused) a script computes the exact time
+// to full. It is the floor, but never below -capacity: a bucket without a
+// floor still gets TTLs that let it vanish once it is full.
+func ttlLow(b buckets.Bucket) float64 { return max(b.Floor(), -b.Limit.Capacity) }
 
 // pack appends float64s in the byte order of the scripts' struct formats.
 func pack(p []byte, fs ...float64) []byte {
@@ -231,7 +307,7 @@ var structFormats = func() (f [128]string) {
 
 type limitKey struct {
 	limit buckets.Limit
-	floor float64
+	low   float64
 }
 
 // maxCachedLimits bounds the formatted limits kept, should limits ever
@@ -247,8 +323,38 @@ func escape(k string) string {
 	return strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D").Replace(k)
 }
 
-func (s *Store) bucketKey(k string) string { return s.prefix + "b:{" + escape(k) + "}" }
-func (s *Store) slotKey(k string) string   { return s.prefix + "c:{" + escape(k) + "}" }
+// Bounds on what enters a key from outside (see the package
+// documentation): longer key parts and IDs are hashed.
+const (
+	maxKeyPart = 200
+	maxIDPart  = 64
+)
+
+// keyPart is the form of bucket or slot key k inside Redis keys: escaped,
+// or hashed when long.
+func keyPart(k string) string {
+	if len(k) > maxKeyPart {
+		return hashed(k)
+	}
+	return escape(k)
+}
+
+// idPart is the form of reservation ID id in marker keys and slot members:
+// itself, or hashed when long or when it could be taken for a hashed one.
+func idPart(id string) string {
+	if len(id) > maxIDPart || strings.HasPrefix(id, "%h") {
+		return hashed(id)
+	}
+	return id
+}
+
+func hashed(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "%h" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+func (s *Store) bucketKey(k string) string { return s.prefix + "b:{" + keyPart(k) + "}" }
+func (s *Store) slotKey(k string) string   { return s.prefix + "c:{" + keyPart(k) + "}" }
 
 // group is the part of a chain that one script call handles atomically: in
 // standalone mode the whole chain, in cluster mode the keys of one hash
@@ -272,16 +378,16 @@ func (s *Store) groups(bs []buckets.Bucket, ss []buckets.Slot) []group {
 			g.slots = append(g.slots, j)
 		}
 		if len(bs) > 0 {
-			g.tag = escape(bs[0].Key)
+			g.tag = keyPart(bs[0].Key)
 		} else {
-			g.tag = escape(ss[0].Key)
+			g.tag = keyPart(ss[0].Key)
 		}
 		return []group{g}
 	}
 	var gs []group
 	bySlot := map[uint16]int{}
 	at := func(key string) *group {
-		tag := escape(key)
+		tag := keyPart(key)
 		sl := hashSlot(tag)
 		i, ok := bySlot[sl]
 		if !ok {
@@ -308,21 +414,6 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// parseObs reads the packed level and hold (µs) of each bucket of idx from
-// a script reply element.
-func (s *Store) parseObs(v any, idx []int, obs []buckets.Observation) error {
-	p, _ := v.(string)
-	if len(p) != 16*len(idx) {
-		return fmt.Errorf("%w: unexpected script reply of %d bytes for %d buckets", buckets.ErrStore, len(p), len(idx))
-	}
-	for n, i := range idx {
-		l := math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[16*n:])))
-		h := math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[16*n+8:])))
-		obs[i] = buckets.Observation{Level: l, Hold: time.Duration(h) * time.Microsecond}
-	}
-	return nil
-}
-
 // rank orders refusal reasons for combining the groups of a chain, as one
 // script would decide: never admissible, then short of tokens, then
 // concurrency.
@@ -340,46 +431,48 @@ func rank(r buckets.Reason) int {
 
 var scriptReasons = [...]buckets.Reason{buckets.Admitted, buckets.ShortOfTokens, buckets.ConcurrencyFull, buckets.NeverAdmissible}
 
-// Reserve implements buckets.Store with one script call per group (one in
-// standalone mode). A request without an ID gets a random one.
+// Reserve implements buckets.Store with one op per group (one in
+// standalone mode), batched with others (see batch.go). A request without
+// an ID gets a random one.
 func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decision, error) {
 	if err := req.Validate(); err != nil {
 		return buckets.Decision{}, err
 	}
+	ctx, cancel, err := s.start(ctx, "reserve")
+	if err != nil {
+		return buckets.Decision{}, err
+	}
+	defer cancel()
 	id := req.ID
 	if id == "" {
 		id = newID()
 	}
 	obs := make([]buckets.Observation, len(req.Buckets))
-	reason, full := buckets.Admitted, -1
-	var took []group
-	nowArg := s.nowArg()
 	gs := s.groups(req.Buckets, req.Slots)
-	type result struct {
-		st   buckets.Reason
-		slot int
-		err  error
+	ops := make([]op, len(gs))
+	for k, g := range gs {
+		ops[k] = op{reserve: true, g: g, id: idPart(id), record: s.recordKey(g.tag), bs: req.Buckets, ss: req.Slots,
+			cost: req.Cost, maxWait: req.MaxWait, priority: req.Priority, life: req.LifetimeOrDefault(), obs: obs}
 	}
-	res := make([]result, len(gs))
 	// The groups of a cluster chain live on different nodes: ask them all
 	// at once. Each writes only its own buckets' observations.
-	eachGroup(len(gs), func(k int) {
-		res[k].st, res[k].slot, res[k].err = s.reserveGroup(ctx, gs[k], req, id, nowArg, obs)
-	})
+	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	reason, full := buckets.Admitted, -1
+	var took []group
 	var firstErr error
-	for k, g := range gs {
-		r := res[k]
+	for k := range ops {
+		o := &ops[k]
 		switch {
-		case r.err != nil:
-			firstErr = cmp.Or(firstErr, r.err)
-		case r.st == buckets.Admitted:
-			took = append(took, g)
-		case rank(r.st) > rank(reason):
-			reason, full = r.st, r.slot
+		case o.err != nil:
+			firstErr = cmp.Or(firstErr, o.err)
+		case o.status == buckets.Admitted:
+			took = append(took, o.g)
+		case rank(o.status) > rank(reason):
+			reason, full = o.status, o.full
 		}
 	}
 	if firstErr != nil {
-		return buckets.Decision{}, s.compensate(ctx, took, req, id, firstErr)
+		return buckets.Decision{}, s.compensate(ctx, took, req, id, fmt.Errorf("redisstore: reserve: %w", firstErr))
 	}
 	if reason != buckets.Admitted && len(took) > 0 {
 		for _, g := range took {
@@ -394,126 +487,69 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	return buckets.NewDecision(req, id, reason, obs, full), nil
 }
 
-func (s *Store) reserveGroup(ctx context.Context, g group, req buckets.Request, id, nowArg string, obs []buckets.Observation) (buckets.Reason, int, error) {
-	keys := make([]string, 0, len(g.buckets)+len(g.slots))
-	count := 4 + 5*len(g.buckets) + 2*len(g.slots)
-	packed := make([]byte, 0, 8*count)
-	args := make([]any, 5, 5+len(g.buckets))
-	packed = pack(packed, float64(len(g.buckets)), float64(len(g.slots)), req.Cost, req.MaxWait.Seconds())
-	for _, i := range g.buckets {
-		b := req.Buckets[i]
-		keys = append(keys, s.bucketKey(b.Key))
-		hard := 0.0
-		if b.Hard {
-			hard = 1
-		}
-		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, hard, b.Reserve(req.Priority), b.Floor())
-		args = append(args, s.ttlArg(b))
+// recordKey is the sorted set that holds the records of the open
+// reservations of groups tagged tag, scored by expiry: one for the whole
+// store in standalone mode, one per hash slot in a cluster, so that the
+// operations of a batch (which share a slot) share it.
+func (s *Store) recordKey(tag string) string {
+	if !s.cluster {
+		return s.prefix + "r"
 	}
-	for _, j := range g.slots {
-		sl := req.Slots[j]
-		keys = append(keys, s.slotKey(sl.Key))
-		packed = pack(packed, float64(sl.Max), float64(sl.LeaseOrDefault().Microseconds()))
-	}
-	args[0], args[1], args[2], args[3], args[4] = nowArg, id, structFormat(count), string(packed), structFormat(2*len(g.buckets))
-	out, err := s.run(ctx, reserveScript, keys, args)
-	if err != nil {
-		return 0, -1, fmt.Errorf("redisstore: reserve: %w", err)
-	}
-	if len(out) != 3 {
-		return 0, -1, fmt.Errorf("redisstore: reserve: %w: unexpected reply %v", buckets.ErrStore, out)
-	}
-	st, _ := out[0].(int64)
-	if st < 0 || int(st) >= len(scriptReasons) {
-		return 0, -1, fmt.Errorf("redisstore: reserve: %w: unexpected reply %v", buckets.ErrStore, out)
-	}
-	full := -1
-	if f, _ := out[1].(int64); f > 0 && int(f) <= len(g.slots) {
-		full = g.slots[f-1]
-	}
-	if err := s.parseObs(out[2], g.buckets, obs); err != nil {
-		return 0, -1, fmt.Errorf("redisstore: reserve: %w", err)
-	}
-	return scriptReasons[st], full, nil
+	return s.prefix + "r:{" + slotTag(hashSlot(tag)) + "}"
 }
 
-// compensate gives back what the groups in took reserved, when another
-// group of the chain refused or failed. It runs even if ctx is done: the
-// tokens must not stay taken. If it fails, the tokens stay taken until
+// slotTags holds, per cluster hash slot, the shortest base-36 number that
+// hashes to it.
+var slotTags = sync.OnceValue(func() *[16384]string {
+	var tags [16384]string
+	for n, left := 0, len(tags); left > 0; n++ {
+		tag := strconv.FormatInt(int64(n), 36)
+		if sl := hashSlot(tag); tags[sl] == "" {
+			tags[sl] = tag
+			left--
+		}
+	}
+	return &tags
+})
+
+func slotTag(slot uint16) string { return slotTags()[slot] }
+
+// compensate settles the groups in took at no usage — a full refund, their
+// records and slots released — when another group of the chain refused or
+// failed. It runs on its own timeout, since the operation's may be spent:
+// the tokens must not stay taken. If it fails, the tokens stay taken until
 // refill returns them — the safe side.
 func (s *Store) compensate(ctx context.Context, took []group, req buckets.Request, id string, cause error) error {
 	if len(took) == 0 {
 		return cause
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	cctx, cancel := s.detach(ctx)
 	defer cancel()
-	r := &buckets.Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots}
-	var errs []error
-	if cause != nil {
-		errs = append(errs, cause)
+	obs := make([]buckets.Observation, len(req.Buckets))
+	ops := make([]op, len(took))
+	for k, g := range took {
+		ops[k] = op{g: g, id: idPart(id), record: s.recordKey(g.tag), bs: req.Buckets, ss: req.Slots, refund: req.Cost, obs: obs}
 	}
-	for _, g := range took {
-		if _, err := s.settleGroup(cctx, g, r, req.Cost, false, nil, nil); err != nil {
+	eachGroup(len(ops), func(k int) { s.do(cctx, &ops[k]) })
+	errs := []error{cause}
+	for k := range ops {
+		if err := ops[k].err; err != nil {
 			errs = append(errs, fmt.Errorf("redisstore: refund of a partly reserved chain: %w", err))
 		}
 	}
-	switch len(errs) {
-	case 0:
+	switch {
+	case cause == nil && len(errs) == 1:
 		return nil
-	case 1:
-		return errs[0]
+	case cause == nil:
+		return errs[1]
+	case len(errs) == 1:
+		return cause
 	}
 	return fmt.Errorf("%w (and %w)", errs[0], errs[1])
 }
 
-// settleGroup adds delta(b) to each bucket of g — refund is the amount to
-// give back when delta is nil — and releases g's slots, once per ID when
-// mark is set.
-func (s *Store) settleGroup(ctx context.Context, g group, r *buckets.Reservation, refund float64, mark bool, delta func(buckets.Bucket) float64, obs []buckets.Observation) (bool, error) {
-	keys := make([]string, 0, len(g.buckets)+len(g.slots)+1)
-	count := 2 + 4*len(g.buckets)
-	packed := make([]byte, 0, 8*count)
-	args := make([]any, 6, 6+len(g.buckets))
-	ttl := ""
-	if mark {
-		ttl = s.settledTTL
-	}
-	packed = pack(packed, float64(len(g.buckets)), float64(len(g.slots)))
-	for _, i := range g.buckets {
-		b := r.Buckets[i]
-		keys = append(keys, s.bucketKey(b.Key))
-		d := refund
-		if delta != nil {
-			d = delta(b)
-		}
-		packed = pack(packed, b.Limit.Capacity, b.Limit.Rate, b.Floor(), d)
-		args = append(args, s.ttlArg(b))
-	}
-	for _, j := range g.slots {
-		keys = append(keys, s.slotKey(r.Slots[j].Key))
-	}
-	if mark {
-		keys = append(keys, s.prefix+"s:{"+g.tag+"}:"+r.ID)
-	}
-	args[0], args[1], args[2], args[3], args[4], args[5] = s.nowArg(), r.ID, ttl, structFormat(count), string(packed), structFormat(2*len(g.buckets))
-	out, err := s.run(ctx, settleScript, keys, args)
-	if err != nil {
-		return false, err
-	}
-	done, _ := out[0].(int64)
-	if obs != nil {
-		if len(out) != 2 {
-			return false, fmt.Errorf("%w: unexpected script reply %v", buckets.ErrStore, out)
-		}
-		if err := s.parseObs(out[1], g.buckets, obs); err != nil {
-			return false, err
-		}
-	}
-	return done == 1, nil
-}
-
-// Settle implements buckets.Store: one script call per group, each settling
-// at most once per reservation ID within Options.SettledTTL.
+// Settle implements buckets.Store: one op per group, each settling once
+// per reservation, through its record. It runs whatever the state of ctx.
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest)
@@ -521,17 +557,20 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
 	obs := make([]buckets.Observation, len(r.Buckets))
 	delta := func(b buckets.Bucket) float64 { return r.Charged(b) - actual }
 	gs := s.groups(r.Buckets, r.Slots)
-	errs := make([]error, len(gs))
-	eachGroup(len(gs), func(k int) {
-		_, errs[k] = s.settleGroup(ctx, gs[k], r, 0, true, delta, obs)
-	})
-	for _, err := range errs {
-		if err != nil {
-			// Groups that did settle are marked: settling again completes
-			// the rest without settling them twice.
+	ops := make([]op, len(gs))
+	for k, g := range gs {
+		ops[k] = op{g: g, id: idPart(r.ID), record: s.recordKey(g.tag), bs: r.Buckets, ss: r.Slots, delta: delta, obs: obs}
+	}
+	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	for k := range ops {
+		if err := ops[k].err; err != nil {
+			// Groups that did settle lost their record: settling again
+			// completes the rest without settling them twice.
 			return nil, fmt.Errorf("redisstore: settle: %w", err)
 		}
 	}
@@ -554,6 +593,11 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	if n == 0 || !r.HasHard() {
 		return true, nil
 	}
+	ctx, cancel, err := s.start(ctx, "extend")
+	if err != nil {
+		return false, err
+	}
+	defer cancel()
 	var hard []buckets.Bucket
 	var index []int
 	for i, b := range r.Buckets {
@@ -584,11 +628,12 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 			continue
 		}
 		if len(took) > 0 {
-			rr := &buckets.Reservation{ID: r.ID, Buckets: r.Buckets}
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			cctx, cancel := s.detach(ctx)
+			obs := make([]buckets.Observation, len(r.Buckets))
 			for _, tg := range took {
-				if _, cerr := s.settleGroup(cctx, tg, rr, n, false, nil, nil); cerr != nil && err == nil {
-					err = cerr
+				o := op{g: tg, id: idPart(r.ID), bs: r.Buckets, refund: n, obs: obs}
+				if s.do(cctx, &o); o.err != nil && err == nil {
+					err = o.err
 				}
 			}
 			cancel()
@@ -609,6 +654,11 @@ func (s *Store) Pause(ctx context.Context, b buckets.Bucket, until time.Time) er
 	if err := b.Validate(); err != nil {
 		return err
 	}
+	ctx, cancel, err := s.start(ctx, "pause")
+	if err != nil {
+		return err
+	}
+	defer cancel()
 	hold := max(0, until.Sub(s.now()).Microseconds())
 	la := s.limitArgs(b)
 	args := []any{s.nowArg(), la[0], la[1], hold, la[2], la[3]}

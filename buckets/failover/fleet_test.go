@@ -1,0 +1,100 @@
+package failover_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/bucketstest"
+	"github.com/tokengate/tokengate/buckets/failover"
+	"github.com/tokengate/tokengate/buckets/redisstore"
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+// TestFleetFallbackIsShared is S20 during an outage (S21): three gateways
+// fail open on one Redis with a fleet fallback of 3,000 tokens. Each saw
+// three gateways alive, so each admits a third: the fleet's admissions
+// while Redis is down stay within the fleet fallback plus one request per
+// gateway. Without the fleet count each gateway admitted the whole
+// fallback: three times the quota.
+func TestFleetFallbackIsShared(t *testing.T) {
+	const fleetCap, cost, gateways = 3000.0, 100.0, 3
+	for _, shared := range []bool{true, false} {
+		t.Run(fmt.Sprint("fleet counted: ", shared), func(t *testing.T) {
+			srv := redistest.Start(t)
+			clock := bucketstest.NewClock() // stands still: the fallback does not refill
+			var stores []*failover.Store
+			var shares []buckets.Limit
+			for i := range gateways {
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+				t.Cleanup(func() { c.Close() })
+				rs := redisstore.New(c, redisstore.Options{})
+				opts := failover.Options{Mode: failover.Open, Fallback: buckets.Limit{Capacity: fleetCap, Rate: 1e-9},
+					Now: clock.Now, GatewayID: fmt.Sprint("gw", i)}
+				if shared {
+					opts.Fleet = rs
+					opts.OnShare = func(n int, l buckets.Limit) { shares = append(shares, l) }
+				}
+				stores = append(stores, failover.New(rs, opts))
+			}
+			ctx := context.Background()
+			for range 2 { // the first round's early beats see fewer gateways
+				for _, s := range stores {
+					if err := s.Beat(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if shared {
+				for i, s := range stores {
+					if s.Gateways() != gateways {
+						t.Fatalf("gateway %d saw %d gateways alive, want %d", i, s.Gateways(), gateways)
+					}
+				}
+				if last := shares[len(shares)-1]; last.Capacity != fleetCap/gateways {
+					t.Errorf("reported share %+v, want a capacity of %v", last, fleetCap/gateways)
+				}
+			}
+			prov := buckets.Bucket{Name: "provider", Key: "p", Limit: buckets.Limit{Capacity: 1e6, Rate: 1e-9}}
+			ask := func(s *failover.Store) bool {
+				d, err := s.Reserve(ctx, buckets.Request{Cost: cost, Buckets: []buckets.Bucket{prov}})
+				if err != nil {
+					t.Fatalf("Reserve: %v", err)
+				}
+				return d.OK
+			}
+			for _, s := range stores { // the shared bucket answers before the outage
+				if !ask(s) || !s.Healthy() {
+					t.Fatal("Reserve before the outage refused")
+				}
+			}
+			srv.Kill()
+			for _, s := range stores { // heartbeats fail; the last count stands
+				if err := s.Beat(ctx); shared && !errors.Is(err, buckets.ErrStore) {
+					t.Fatalf("Beat with Redis down = %v, want ErrStore", err)
+				}
+			}
+			admitted := 0.0
+			for range 100 {
+				for _, s := range stores {
+					if ask(s) {
+						admitted += cost
+					}
+				}
+			}
+			t.Logf("the fleet admitted %v tokens during the outage; fleet fallback %v", admitted, fleetCap)
+			bound := fleetCap + gateways*cost
+			if shared && (admitted > bound || admitted < fleetCap-gateways*cost) {
+				t.Errorf("admitted %v during the outage, want within %v ± one request per gateway", admitted, fleetCap)
+			}
+			if !shared && admitted <= bound {
+				t.Errorf("without the fleet count the gateways admitted %v; expected each to admit the whole fallback", admitted)
+			}
+		})
+	}
+}

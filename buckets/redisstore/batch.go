@@ -1,0 +1,447 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+// Group commit. Every reserve and settle is an op on one group (one hash
+// slot in a cluster) and goes through the lane of that slot: an op that
+// finds the lane with a call to spare is sent at once, so a quiet gateway
+// pays no latency for batching; ops that arrive while the lane's calls are
+// in flight queue up, and the next call takes them all, in arrival order,
+// in one script call (see batchLua). A lane has at most maxInflight calls
+// in flight. The caller whose op heads a batch makes the call: there is no
+// background goroutine, but for the timer that sends settlements queued by
+// SettleAsync when no call has taken them within the settle window.
+const (
+	maxInflight = 2
+	// maxBatchOps and maxBatchNumbers bound a batch: Lua unpacks the
+	// numbers onto its stack, which holds 8000 values.
+	maxBatchOps     = 64
+	maxBatchNumbers = 4000
+)
+
+// op is one group's part of a Reserve or a Settle. The fields above the
+// line are its input; the results are written by the batch that runs it,
+// before wake (or then, for a queued settlement) tells its caller.
+type op struct {
+	reserve bool
+	g       group
+	id      string // idPart of the reservation ID
+	record  string // the record key; "" for a settle that always applies
+	bs      []buckets.Bucket
+	ss      []buckets.Slot
+	// reserve
+	cost     float64
+	maxWait  time.Duration
+	priority bool
+	life     time.Duration
+	// settle: delta(b) is charged minus used; nil means refund for all.
+	delta  func(buckets.Bucket) float64
+	refund float64
+	// ----
+	obs    []buckets.Observation // indexed like bs; each op writes its own
+	status buckets.Reason
+	full   int // index into ss of the full slot, or -1
+	done   bool
+	err    error
+	// wake receives nil when the op is done, or the batch it must run. A
+	// queued settlement has no caller waiting: then is called instead.
+	wake chan []*op
+	then func()
+}
+
+func (o *op) numbers() int {
+	if o.reserve {
+		return 7 + 7*len(o.g.buckets) + 3*len(o.g.slots)
+	}
+	return 4 + 7*len(o.g.buckets) + len(o.g.slots)
+}
+
+// lane is the queue of one hash slot.
+type lane struct {
+	mu       sync.Mutex
+	queue    []*op
+	inflight int
+	timer    *time.Timer // set while queued settlements wait for a call
+}
+
+// laneOf returns the lane of group tag: in standalone mode the store's
+// only lane, in a cluster one per hash slot.
+func (s *Store) laneOf(tag string) *lane {
+	if !s.cluster {
+		return &s.lane
+	}
+	slot := hashSlot(tag)
+	if l, ok := s.lanes.Load(slot); ok {
+		return l.(*lane)
+	}
+	l, _ := s.lanes.LoadOrStore(slot, new(lane))
+	return l.(*lane)
+}
+
+// do runs o in a batch of its lane and returns when its results are in.
+// ctx has been detached from the caller (see Store.start).
+func (s *Store) do(ctx context.Context, o *op) {
+	l := s.laneOf(o.g.tag)
+	l.mu.Lock()
+	if l.inflight < maxInflight {
+		// Only queued settlements can be waiting: they come along.
+		l.inflight++
+		batch := l.take(o)
+		l.mu.Unlock()
+		s.lead(ctx, l, batch)
+		return
+	}
+	o.wake = make(chan []*op, 1)
+	l.queue = append(l.queue, o)
+	l.mu.Unlock()
+	if batch := <-o.wake; batch != nil {
+		s.lead(ctx, l, batch)
+	}
+}
+
+// later queues o, a settlement nobody waits for: it goes with the lane's
+// next call, or on its own once the settle window has passed.
+func (s *Store) later(o *op) {
+	l := s.laneOf(o.g.tag)
+	l.mu.Lock()
+	l.queue = append(l.queue, o)
+	if l.timer == nil {
+		l.timer = time.AfterFunc(s.window, func() { s.flushLane(l) })
+	}
+	l.mu.Unlock()
+}
+
+// flushLane sends the lane's queued ops if it has a call to spare; if not,
+// the calls in flight take them when they end.
+func (s *Store) flushLane(l *lane) {
+	l.mu.Lock()
+	l.timer = nil
+	if len(l.queue) == 0 || l.inflight >= maxInflight {
+		l.mu.Unlock()
+		return
+	}
+	l.inflight++
+	batch := l.take(nil)
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	s.lead(ctx, l, batch)
+}
+
+// take returns the next batch: first (when not nil), then the oldest queued
+// ops, within the bounds of a batch. l.mu is held.
+func (l *lane) take(first *op) []*op {
+	var batch []*op
+	count := 3
+	if first != nil {
+		batch = append(batch, first)
+		count += first.numbers()
+	}
+	n := 0
+	for n < len(l.queue) && len(batch) < maxBatchOps {
+		c := l.queue[n].numbers()
+		if len(batch) > 0 && count+c > maxBatchNumbers {
+			break
+		}
+		count += c
+		batch = append(batch, l.queue[n])
+		n++
+	}
+	l.queue = append(l.queue[:0], l.queue[n:]...)
+	return batch
+}
+
+// lead runs batch and tells its ops; the first is the caller's own, unless
+// the caller is a timer. Then it hands the lane's call to the oldest
+// waiting caller, with the next batch, or gives the call back.
+func (s *Store) lead(ctx context.Context, l *lane, batch []*op) {
+	s.runBatch(ctx, batch)
+	for i, o := range batch {
+		switch {
+		case o.then != nil:
+			o.then()
+		case i > 0:
+			o.wake <- nil
+		}
+	}
+	l.mu.Lock()
+	waiting := -1
+	for i, o := range l.queue {
+		if o.then == nil {
+			waiting = i
+			break
+		}
+	}
+	if waiting < 0 {
+		// Nobody waits: queued settlements, if any, go with the next call
+		// or when their window has passed.
+		l.inflight--
+		if len(l.queue) > 0 && l.timer == nil {
+			l.timer = time.AfterFunc(s.window, func() { s.flushLane(l) })
+		}
+		l.mu.Unlock()
+		return
+	}
+	first := l.queue[waiting]
+	l.queue = append(l.queue[:waiting], l.queue[waiting+1:]...)
+	next := l.take(first)
+	l.mu.Unlock()
+	next[0].wake <- next
+}
+
+// batchKeys assigns each key of a batch its index in KEYS: bucket keys
+// first, as the script reads them with one MGET.
+type batchKeys struct {
+	keys  []string
+	index map[string]int
+}
+
+func (k *batchKeys) of(key string) float64 {
+	i, ok := k.index[key]
+	if !ok {
+		k.keys = append(k.keys, key)
+		i = len(k.keys)
+		k.index[key] = i
+	}
+	return float64(i)
+}
+
+// runBatch sends batch in one script call and writes each op's results.
+func (s *Store) runBatch(ctx context.Context, batch []*op) {
+	k := batchKeys{index: make(map[string]int, 4*len(batch))}
+	count := 3
+	for _, o := range batch {
+		count += o.numbers()
+		for _, i := range o.g.buckets {
+			k.of(s.bucketKey(o.bs[i].Key))
+		}
+	}
+	nbk := len(k.keys)
+	packed := make([]byte, 0, 8*count)
+	packed = pack(packed, float64(len(batch)), float64(nbk), maxInline)
+	args := make([]any, 3, 3+len(batch))
+	for _, o := range batch {
+		rec := 0.0
+		if o.record != "" {
+			rec = k.of(o.record)
+		}
+		kind := 2.0
+		if o.reserve {
+			kind = 1
+		}
+		packed = pack(packed, kind, float64(len(o.g.buckets)), float64(len(o.g.slots)), rec)
+		if o.reserve {
+			packed = pack(packed, o.cost, o.maxWait.Seconds(), float64(o.life.Microseconds()))
+		}
+		for _, i := range o.g.buckets {
+			b := o.bs[i]
+			low := ttlLow(b)
+			packed = pack(packed, k.of(s.bucketKey(b.Key)), b.Limit.Capacity, b.Limit.Rate, low, ttlFrom(b, low))
+			if o.reserve {
+				hard := 0.0
+				if b.Hard {
+					hard = 1
+				}
+				packed = pack(packed, hard, b.Reserve(o.priority))
+				continue
+			}
+			d := o.refund
+			if o.delta != nil {
+				d = o.delta(b)
+			}
+			packed = pack(packed, b.Floor(), d)
+		}
+		for _, j := range o.g.slots {
+			sl := o.ss[j]
+			packed = pack(packed, k.of(s.slotKey(sl.Key)))
+			if o.reserve {
+				packed = pack(packed, float64(sl.Max), float64(sl.LeaseOrDefault().Microseconds()))
+			}
+		}
+		args = append(args, o.id)
+	}
+	args[0], args[1], args[2] = s.nowArg(), structFormat(count), string(packed)
+	out, err := s.run(ctx, batchScript, k.keys, args)
+	if err == nil {
+		err = s.readBatch(out, batch)
+	}
+	if err != nil {
+		for _, o := range batch {
+			o.err = err
+		}
+	}
+}
+
+// readBatch writes each op's results from the script's reply, one packed
+// string of doubles (see batchLua).
+func (s *Store) readBatch(out []any, batch []*op) error {
+	p, _ := out[0].(string)
+	if len(out) != 1 || len(p)%8 != 0 {
+		return fmt.Errorf("%w: unexpected batch reply %q", buckets.ErrStore, out)
+	}
+	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[8*i:]))) }
+	at, n := 0, len(p)/8
+	for _, o := range batch {
+		width := 3
+		if o.reserve {
+			width = 2
+		}
+		if at+2+width*len(o.g.buckets) > n {
+			return fmt.Errorf("%w: batch reply of %d numbers for %d operations", buckets.ErrStore, n, len(batch))
+		}
+		st, full := f(at), int(f(at+1))
+		at += 2
+		for _, i := range o.g.buckets {
+			ob := buckets.Observation{Level: f(at), Hold: time.Duration(f(at+1)) * time.Microsecond}
+			if !o.reserve {
+				ob.Forgiven = f(at + 2)
+			}
+			o.obs[i] = ob
+			at += width
+		}
+		if !o.reserve {
+			o.done = st == 1
+			continue
+		}
+		if st < 0 || int(st) >= len(scriptReasons) || st != math.Trunc(st) {
+			return fmt.Errorf("%w: unexpected reserve status %v", buckets.ErrStore, st)
+		}
+		o.status, o.full = scriptReasons[int(st)], -1
+		if full > 0 && full <= len(o.g.slots) {
+			o.full = o.g.slots[full-1]
+		}
+	}
+	if at != n {
+		return fmt.Errorf("%w: batch reply of %d numbers for %d operations", buckets.ErrStore, n, len(batch))
+	}
+	return nil
+}
+
+// ttlFrom is the time to refill bucket b from level low to full, plus a
+// second, in milliseconds: the TTL of a write at or above low.
+func ttlFrom(b buckets.Bucket, low float64) float64 {
+	return math.Min(math.Ceil((b.Limit.Capacity-low)/b.Limit.Rate*1000)+1001, 1e12)
+}
+
+var _ buckets.AsyncSettler = (*Store)(nil)
+
+// SettleAsync implements buckets.AsyncSettler: the settlement is queued on
+// its lane and goes to Redis with the lane's next call, or in a call of its
+// own once Options.SettleWindow has passed; done, if not nil, is then
+// called from the goroutine that made the call. A gateway settling one
+// request at a time thus writes each settlement with the next reservation:
+// one script call per request instead of two.
+func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
+	if r == nil || r.ID == "" {
+		finish(done, nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest))
+		return
+	}
+	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
+		finish(done, nil, err)
+		return
+	}
+	rc := *r
+	gs := s.groups(rc.Buckets, rc.Slots)
+	if len(gs) == 0 {
+		finish(done, []buckets.BucketState{}, nil)
+		return
+	}
+	obs := make([]buckets.Observation, len(rc.Buckets))
+	delta := func(b buckets.Bucket) float64 { return rc.Charged(b) - actual }
+	ops := make([]op, len(gs))
+	var left atomic.Int32
+	left.Store(int32(len(ops)))
+	s.pending(1)
+	then := func() {
+		if left.Add(-1) > 0 {
+			return
+		}
+		defer s.pending(-1)
+		for k := range ops {
+			if err := ops[k].err; err != nil {
+				finish(done, nil, fmt.Errorf("redisstore: settle: %w", err))
+				return
+			}
+		}
+		states := make([]buckets.BucketState, len(rc.Buckets))
+		for i, b := range rc.Buckets {
+			states[i] = buckets.NewState(b, obs[i])
+		}
+		finish(done, states, nil)
+	}
+	for k, g := range gs {
+		ops[k] = op{g: g, id: idPart(rc.ID), record: s.recordKey(g.tag), bs: rc.Buckets, ss: rc.Slots, delta: delta, obs: obs, then: then}
+	}
+	for k := range ops {
+		s.later(&ops[k])
+	}
+}
+
+func finish(done func([]buckets.BucketState, error), states []buckets.BucketState, err error) {
+	if done != nil {
+		done(states, err)
+	}
+}
+
+// pending counts the settlements queued by SettleAsync and not yet done,
+// for Flush.
+func (s *Store) pending(delta int) {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	s.queued += delta
+	if s.queued == 0 && s.idle != nil {
+		close(s.idle)
+		s.idle = nil
+	}
+}
+
+// Flush implements buckets.AsyncSettler: it sends every queued settlement
+// now and returns once all are done, or when ctx ends.
+func (s *Store) Flush(ctx context.Context) error {
+	send := func(l *lane) {
+		for {
+			l.mu.Lock()
+			if len(l.queue) == 0 {
+				l.mu.Unlock()
+				return
+			}
+			l.inflight++
+			batch := l.take(nil)
+			l.mu.Unlock()
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+			s.lead(cctx, l, batch)
+			cancel()
+		}
+	}
+	send(&s.lane)
+	s.lanes.Range(func(_, l any) bool {
+		send(l.(*lane))
+		return true
+	})
+	s.flushMu.Lock()
+	if s.queued == 0 {
+		s.flushMu.Unlock()
+		return nil
+	}
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+	}
+	idle := s.idle
+	s.flushMu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("redisstore: flush: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,194 @@
+package redisstore
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+// TestBatchIsSequential runs reserves and settles that depend on each
+// other in one batch — one script call — and checks that each comes out as
+// it does when the memory store runs them one at a time: a refused
+// reserve takes nothing, a settle's refund is there for the next reserve,
+// a second settle and the settle of an unknown ID change nothing, a full
+// slot refuses.
+func TestBatchIsSequential(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	t0 := time.Unix(1_800_000_000, 0)
+	now := func() time.Time { return t0 }
+	st := New(c, Options{})
+	SetScriptClock(st, now)
+	mem := buckets.NewMemory(buckets.MemoryOptions{Now: now})
+	ctx := context.Background()
+
+	user := buckets.Bucket{Name: "user", Key: "u", Limit: buckets.Limit{Capacity: 10, Rate: 1}}
+	team := buckets.Bucket{Name: "team", Key: "t", Limit: buckets.Limit{Capacity: 100, Rate: 1}, MaxDebt: 1}
+	slot := buckets.Slot{Name: "conc", Key: "u", Max: 2, Lease: time.Minute}
+	chain, slots := []buckets.Bucket{user, team}, []buckets.Slot{slot}
+	type step struct {
+		reserve bool
+		id      string
+		cost    float64 // reserve: cost; settle: actual
+	}
+	steps := []step{
+		{true, "a", 6}, {true, "b", 6}, {false, "a", 2}, {true, "c", 6},
+		{false, "a", 0}, {false, "zz", 0}, {true, "d", 1}, {true, "e", 1}, {false, "c", 120},
+	}
+	type result struct {
+		Status buckets.Reason
+		Done   bool
+		Levels []float64
+		Forgot []float64
+	}
+	var want, got []result
+	// The memory store, one step at a time.
+	res := map[string]*buckets.Reservation{}
+	for _, s := range steps {
+		var r result
+		if s.reserve {
+			d, err := mem.Reserve(ctx, buckets.Request{ID: s.id, Cost: s.cost, Buckets: chain, Slots: slots})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Status = d.Reason
+			for _, b := range d.Buckets {
+				r.Levels = append(r.Levels, b.Remaining)
+			}
+			res[s.id] = d.Reservation
+		} else {
+			rv := res[s.id]
+			if rv == nil {
+				rv = &buckets.Reservation{ID: s.id, Cost: 1, Buckets: chain, Slots: slots}
+			}
+			before := levels(t, mem, chain)
+			states, err := mem.Settle(ctx, rv, s.cost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range states {
+				r.Levels = append(r.Levels, b.Remaining)
+				r.Forgot = append(r.Forgot, b.Forgiven)
+			}
+			r.Done = cmp.Equal(before, r.Levels)
+		}
+		want = append(want, r)
+	}
+	// The Redis store, all steps in one batch.
+	g := st.groups(chain, slots)[0]
+	ops := make([]*op, len(steps))
+	for i, s := range steps {
+		o := &op{reserve: s.reserve, g: g, id: s.id, record: st.recordKey(g.tag), bs: chain, ss: slots,
+			cost: s.cost, life: time.Hour, obs: make([]buckets.Observation, len(chain))}
+		if !s.reserve {
+			charged := 6.0
+			if s.id == "d" || s.id == "zz" {
+				charged = 1
+			}
+			o.delta = func(buckets.Bucket) float64 { return charged - s.cost }
+		}
+		ops[i] = o
+	}
+	st.runBatch(ctx, ops)
+	for i, o := range ops {
+		if o.err != nil {
+			t.Fatalf("step %d: %v", i, o.err)
+		}
+		r := result{Done: o.done}
+		if o.reserve {
+			r.Status = o.status
+		}
+		for _, ob := range o.obs {
+			r.Levels = append(r.Levels, ob.Level)
+			if !o.reserve {
+				r.Forgot = append(r.Forgot, ob.Forgiven)
+			}
+		}
+		got = append(got, r)
+	}
+	if d := cmp.Diff(want, got, cmpopts.EquateApprox(0, 1e-9)); d != "" {
+		t.Errorf("one batch differs from one step at a time (-memory +batch):\n%s", d)
+	}
+}
+
+// levels reads the levels of chain from m without changing them.
+func levels(t *testing.T, m *buckets.Memory, chain []buckets.Bucket) []float64 {
+	t.Helper()
+	d, err := m.Reserve(context.Background(), buckets.Request{Cost: 0, Buckets: chain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.OK {
+		if _, err := m.Settle(context.Background(), d.Reservation, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ls []float64
+	for _, b := range d.Buckets {
+		ls = append(ls, b.Remaining)
+	}
+	return ls
+}
+
+// TestRecordsOverflowAndVanish: a holder bucket keeps maxInline records in
+// its value and the rest go to the record key; every reservation still
+// settles exactly once, and once all are settled neither holds anything.
+func TestRecordsOverflowAndVanish(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := New(c, Options{})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "b", Key: "k", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9}}
+	const n = 40
+	var res []*buckets.Reservation
+	for range n {
+		d, err := st.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{b}})
+		if err != nil || !d.OK {
+			t.Fatalf("Reserve = %+v, %v", d, err)
+		}
+		res = append(res, d.Reservation)
+	}
+	v, err := c.Get(ctx, st.bucketKey("k")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ZCard(ctx, st.recordKey("k")).Val(); got != n-maxInline {
+		t.Errorf("record key holds %d records, want %d beyond the holder's %d", got, n-maxInline, maxInline)
+	}
+	if want := 24 + maxInline*(9+32); len(v) != want {
+		t.Errorf("holder value of %d bytes, want %d (header and %d records of 32-byte IDs)", len(v), want, maxInline)
+	}
+	for round := range 2 { // the second round changes nothing
+		for _, r := range res {
+			if _, err := st.Settle(ctx, r, 4); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := st.Reserve(ctx, buckets.Request{Cost: 0, Buckets: []buckets.Bucket{b}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Buckets[0].Remaining; math.Abs(got-(1000-n*4)) > 1e-6 {
+			t.Fatalf("round %d: level = %v, want %v", round, got, 1000-n*4)
+		}
+		if _, err := st.Settle(ctx, d.Reservation, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := c.Get(ctx, st.bucketKey("k")).Val(); len(v) != 16 {
+		t.Errorf("holder value of %d bytes after all settled, want 16", len(v))
+	}
+	if n := c.Exists(ctx, st.recordKey("k")).Val(); n != 0 {
+		t.Errorf("record key still exists after all settled")
+	}
+}
