@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -252,11 +253,10 @@ func TestRouteTimeout(t *testing.T) {
 // Over h2c, a reset after response headers is a stream error for the client, and the
 // connection stays usable for the next request.
 func TestH2ResetAfterHeaders(t *testing.T) {
-	n := 0
+	var n atomic.Int32 // side streams of the two requests may overlap
 	h := newHarness(t, Config{}, scripted(func(m *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error) {
 		if m.GetResponseBody() != nil {
-			n++
-			if n == 1 {
+			if n.Add(1) == 1 {
 				return immediate(429, "x", ""), false, nil
 			}
 		}
