@@ -161,6 +161,7 @@ func (v *validator) validate(c *Config) {
 	if c.Listeners.MaxRecvMsgBytes < 1<<20 {
 		v.add("listeners.max_recv_msg_bytes", "must be at least 1048576 (a BUFFERED request body travels as one message), got %d", c.Listeners.MaxRecvMsgBytes)
 	}
+	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)
