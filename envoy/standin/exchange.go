@@ -306,6 +306,7 @@ func (x *exchange) readBody(body io.Reader, ch chan<- chunk, max int) {
 		c := chunk{data: bytes.Clone(buf[:n])}
 		if err == io.EOF {
 			c.eos = true
+			c.trailers = requestTrailers(x.r.Trailer) // filled in at the body's end
 		} else if err != nil {
 			c.err = err
 		}
@@ -703,7 +704,7 @@ func (x *exchange) release(d *dir, body []byte, whole bool) {
 	}
 	x.startUpstream(body, whole)
 	if whole {
-		d.ended = true
+		x.end(d) // or, with trailers, once they are answered
 	}
 }
 
@@ -733,7 +734,7 @@ func (x *exchange) end(d *dir) {
 	d.ended = true
 	if !d.resp {
 		if x.reqPipe != nil {
-			x.reqPipe.end(io.EOF)
+			x.reqPipe.endWithTrailers(d.trailers)
 		}
 		return
 	}
@@ -803,8 +804,13 @@ func (x *exchange) startUpstream(body []byte, whole bool) {
 	switch {
 	case d.noBody:
 		rd, cl = nil, 0
-	case whole:
+	case whole && d.trailers == nil:
 		rd, cl = bytes.NewReader(body), int64(len(body))
+	case whole:
+		// Trailers follow the body, once answered: chunked, through the pipe.
+		x.reqPipe = newPipe()
+		x.reqPipe.write(body)
+		rd = x.reqPipe
 	default:
 		x.reqPipe = newPipe()
 		x.reqPipe.write(body)
@@ -821,6 +827,14 @@ func (x *exchange) startUpstream(body []byte, whole bool) {
 	}
 	copyTo(req.Header, del(append([]header(nil), d.hdrs...), "content-length"))
 	req.ContentLength = cl
+	if len(x.r.Trailer) > 0 && x.reqPipe != nil {
+		// The trailers the client announced; their values come at the body's end.
+		req.Trailer = http.Header{}
+		for k := range x.r.Trailer {
+			req.Trailer[k] = nil
+		}
+		x.reqPipe.trailer = req.Trailer
+	}
 	if cl == 0 && !d.noBody {
 		req.Body = http.NoBody
 	}
@@ -849,6 +863,7 @@ func (x *exchange) onReqChunk(c chunk) {
 	}
 	if c.eos {
 		x.reqCh = nil
+		x.req.trailers = c.trailers
 	}
 	x.onData(&x.req, c.data, c.eos)
 }
@@ -878,6 +893,18 @@ func (x *exchange) onUpstream(u upResult) {
 	}
 	d.hdrAnswered = true
 	x.afterHeaders(d)
+}
+
+// requestTrailers returns the trailers a client sent (announced ones it left empty are
+// not sent), or nil.
+func requestTrailers(t http.Header) []header {
+	var hs []header
+	for k, vs := range t {
+		for _, v := range vs {
+			hs = append(hs, header{strings.ToLower(k), v})
+		}
+	}
+	return hs
 }
 
 // upTrailers returns the upstream response's trailers, read after the body's EOF.

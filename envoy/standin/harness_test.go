@@ -187,6 +187,7 @@ type upstream struct {
 	cancelled int
 	calls     int
 	bodyErrs  []error                                      // errors reading each request body
+	trailers  []http.Header                                // each request's trailers
 	serve     func(w http.ResponseWriter, r *http.Request) // writes the response
 	gone      chan struct{}                                // receives when a request context ends early
 	started   chan struct{}                                // receives when a request arrives, if set
@@ -204,6 +205,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.calls++
 	u.bodies = append(u.bodies, body)
 	u.bodyErrs = append(u.bodyErrs, err)
+	u.trailers = append(u.trailers, r.Trailer.Clone())
 	u.headers = append(u.headers, r.Header.Clone())
 	u.mu.Unlock()
 	u.serve(w, r)
@@ -288,7 +290,8 @@ func (w logWriter) Write(b []byte) (int, error) {
 }
 
 // newHarness starts the test ext_proc server on an in-memory listener, the upstream, and
-// the stand-in in front of them. cfg.ExtProc and cfg.Upstream are filled in.
+// the stand-in in front of them. cfg.ExtProc and cfg.Upstream are filled in, and
+// MessageTimeout when it is zero.
 func newHarness(t testing.TB, cfg Config, handle func(*procStream) error, serve func(http.ResponseWriter, *http.Request), h2 bool) *harness {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
@@ -317,6 +320,11 @@ func newHarness(t testing.TB, cfg Config, handle func(*procStream) error, serve 
 	t.Cleanup(us.Close)
 	cfg.ExtProc = cc
 	cfg.Upstream, _ = url.Parse(us.URL)
+	if cfg.MessageTimeout == 0 {
+		// Envoy's 200ms would turn a slow answer on a loaded machine into a 504; tests of
+		// the timer set their own.
+		cfg.MessageTimeout = 10 * time.Second
+	}
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

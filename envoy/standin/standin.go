@@ -8,7 +8,8 @@
 //
 //   - processing modes per direction (NONE, BUFFERED, STREAMED, FULL_DUPLEX_STREAMED) with held
 //     headers, the merged first STREAMED chunk, 1:1 STREAMED answers that keep the original
-//     end_of_stream, duplex streamed_response answers (M:N), response trailers;
+//     end_of_stream, duplex streamed_response answers (M:N), request and response trailers
+//     (no end_of_stream on a body message when trailers follow);
 //   - exactly one answer per message where Envoy expects one; spurious answers fail the request
 //     (1.35+) or make the server ignored; ImmediateResponse per phase: a local reply while the
 //     client has no response headers yet, a stream reset afterwards;
@@ -36,7 +37,7 @@
 // the stand-in aborts the handler: HTTP/1 clients see the connection close mid-body, HTTP/2
 // clients a RST_STREAM.
 //
-// Not emulated: request trailers, BUFFERED_PARTIAL and GRPC body modes, observability mode,
+// Not emulated: BUFFERED_PARTIAL and GRPC body modes, observability mode,
 // request/response attributes (CEL), send_body_without_waiting_for_header_response,
 // StreamedImmediateResponse, route cache clearing, mutation_rules other than the defaults,
 // local_reply_config, flow-control watermarks, and Envoy's HTTP/2 reset codes.

@@ -522,3 +522,144 @@ func TestSpuriousEveryMode(t *testing.T) {
 		})
 	}
 }
+
+// trailerBody is a request body that fills in its announced trailers at its end, as a
+// client that computes a checksum while sending would.
+type trailerBody struct {
+	parts []string
+	req   *http.Request
+	value string
+}
+
+func (b *trailerBody) Read(p []byte) (int, error) {
+	if len(b.parts) == 0 {
+		b.req.Trailer.Set("x-sum", b.value)
+		return 0, io.EOF
+	}
+	n := copy(p, b.parts[0])
+	b.parts[0] = b.parts[0][n:]
+	if b.parts[0] == "" {
+		b.parts = b.parts[1:]
+	}
+	return n, nil
+}
+
+// Request trailers (§2.3): with trailer mode SEND the last body message has no
+// end_of_stream and request_trailers follows (in FULL_DUPLEX_STREAMED, where it is
+// required, the server answers it after its last body answer); with SKIP the server never
+// sees an end_of_stream. The upstream gets the trailers either way, mutated by the answer.
+func TestRequestTrailers(t *testing.T) {
+	skipTrailers := func(m *filterv3.ProcessingMode) *filterv3.ProcessingMode {
+		m.RequestTrailerMode = filterv3.ProcessingMode_SKIP
+		return m
+	}
+	withTrailers := func(m *filterv3.ProcessingMode) *filterv3.ProcessingMode {
+		m.RequestTrailerMode = filterv3.ProcessingMode_SEND
+		return m
+	}
+	buffered := func() *filterv3.ProcessingMode {
+		return &filterv3.ProcessingMode{RequestHeaderMode: filterv3.ProcessingMode_SEND, RequestBodyMode: filterv3.ProcessingMode_BUFFERED,
+			ResponseHeaderMode: filterv3.ProcessingMode_SKIP}
+	}
+	for _, tc := range []struct {
+		name string
+		mode *filterv3.ProcessingMode
+		h2   bool
+		send bool // trailer mode SEND
+	}{
+		{"duplex", duplexRequestMode(), false, true},
+		{"duplex h2c", duplexRequestMode(), true, true},
+		{"streamed send", withTrailers(streamedMode()), false, true},
+		{"buffered send", withTrailers(buffered()), true, true},
+		{"buffered skip", skipTrailers(buffered()), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			duplex := tc.mode.RequestBodyMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+			handle := func(ps *procStream) error {
+				var pc *extprocv3.ProtocolConfiguration
+				for {
+					m, err := ps.recv()
+					if err != nil {
+						return nil
+					}
+					if pc == nil {
+						pc = m.GetProtocolConfig()
+					}
+					switch {
+					case duplex && m.GetRequestHeaders() != nil:
+						ps.send(answerHeaders(true, nil))
+					case duplex && m.GetRequestBody() != nil:
+						// echoed with end_of_stream false: the trailers end the request
+						ps.send(requestBodyAnswer(streamed(m.GetRequestBody().Body, false)))
+					case m.GetRequestTrailers() != nil:
+						ps.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+							RequestTrailers: &extprocv3.TrailersResponse{HeaderMutation: setHeader("x-checked", "yes")}}})
+					default:
+						ps.send(echoAnswer(m, pc, nil))
+					}
+				}
+			}
+			h := newHarness(t, Config{Mode: tc.mode}, handle, sse(sseA), tc.h2)
+			parts := []string{`{"messages":`, `[]}`}
+			req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", nil)
+			req.Trailer = http.Header{"X-Sum": nil}
+			req.Body = io.NopCloser(&trailerBody{parts: append([]string(nil), parts...), req: req, value: "42"})
+			req.ContentLength = -1
+			c := h.client(tc.h2)
+			c.Timeout = 5 * time.Second
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 || string(b) != sseA {
+				t.Fatalf("got %d %q %v", resp.StatusCode, b, err)
+			}
+			ps := ended(t, h.next(t))
+			var body strings.Builder
+			var kinds []string
+			for _, m := range ps.messages() {
+				if rb := m.GetRequestBody(); rb != nil {
+					body.Write(rb.Body)
+					if rb.EndOfStream {
+						t.Error("request_body with end_of_stream although the request has trailers")
+					}
+				}
+				if k := kindOf(m); strings.HasPrefix(k, "request_") && (len(kinds) == 0 || kinds[len(kinds)-1] != k) {
+					kinds = append(kinds, k)
+				}
+			}
+			if body.String() != strings.Join(parts, "") {
+				t.Errorf("server saw body %q", body.String())
+			}
+			wantKinds := []string{"request_headers", "request_body"}
+			if tc.send {
+				wantKinds = append(wantKinds, "request_trailers")
+			}
+			if diff := cmp.Diff(wantKinds, kinds); diff != "" {
+				t.Errorf("request messages (-want +got):\n%s", diff)
+			}
+			for _, m := range ps.messages() {
+				if tr := m.GetRequestTrailers(); tr != nil {
+					hs := tr.GetTrailers().GetHeaders()
+					if len(hs) != 1 || hs[0].Key != "x-sum" || string(hs[0].RawValue) != "42" {
+						t.Errorf("request_trailers = %v, want x-sum: 42", hs)
+					}
+				}
+			}
+			h.up.mu.Lock()
+			defer h.up.mu.Unlock()
+			if len(h.up.bodies) != 1 || string(h.up.bodies[0]) != strings.Join(parts, "") {
+				t.Errorf("upstream bodies %q", h.up.bodies)
+			}
+			wantChecked := ""
+			if tc.send {
+				wantChecked = "yes"
+			}
+			if tr := h.up.trailers[0]; tr.Get("x-sum") != "42" || tr.Get("x-checked") != wantChecked {
+				t.Errorf("upstream trailers %v, want x-sum 42 and x-checked %q", tr, wantChecked)
+			}
+		})
+	}
+}
