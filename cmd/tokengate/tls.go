@@ -182,7 +182,7 @@ func (f *tlsFiles) reload(stamps []os.FileInfo) error {
 	first := f.cur.Load() == nil
 	f.cur.Store(&tlsState{stamps: stamps, config: c})
 	f.lastErr = ""
-	if !first {
+	if !first && cert.Leaf != nil {
 		f.log.Info("TLS files reloaded", "listener", f.field, "subject", cert.Leaf.Subject.String(), "not_after", cert.Leaf.NotAfter)
 	}
 	return nil
