@@ -34,7 +34,7 @@ type testCA struct {
 
 var serials atomic.Int64
 
-func newTestCA(t *testing.T, name string) *testCA {
+func newTestCA(t testing.TB, name string) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -69,7 +69,7 @@ func (ca *testCA) pool() *x509.CertPool {
 // issue returns a leaf certificate and its key as PEM, and its serial number.
 // A server certificate is valid for 127.0.0.1 and "tokengate"; a client one
 // for client authentication.
-func (ca *testCA) issue(t *testing.T, name string, server bool) (certPEM, keyPEM []byte, serial int64) {
+func (ca *testCA) issue(t testing.TB, name string, server bool) (certPEM, keyPEM []byte, serial int64) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -101,7 +101,7 @@ func (ca *testCA) issue(t *testing.T, name string, server bool) (certPEM, keyPEM
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), serial
 }
 
-func (ca *testCA) clientCert(t *testing.T, name string) tls.Certificate {
+func (ca *testCA) clientCert(t testing.TB, name string) tls.Certificate {
 	t.Helper()
 	c, k, _ := ca.issue(t, name, false)
 	cert, err := tls.X509KeyPair(c, k)
@@ -113,7 +113,7 @@ func (ca *testCA) clientCert(t *testing.T, name string) tls.Certificate {
 
 // replace writes data to path the way certificate rotation does: a new file
 // renamed over the old one, so a reader sees the old or the new file whole.
-func replace(t *testing.T, path string, data []byte) {
+func replace(t testing.TB, path string, data []byte) {
 	t.Helper()
 	tmp := path + ".new"
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
@@ -297,5 +297,57 @@ func TestTLSStartupErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "listeners.grpc_tls") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want it to name listeners.grpc_tls and %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// tlsBench is a listener configuration on files with mTLS, and a client for it.
+func tlsBench(b *testing.B) (server, client *tls.Config, f *tlsFiles) {
+	dir := b.TempDir()
+	serverCA, clients := newTestCA(b, "server CA"), newTestCA(b, "clients")
+	cert, key, _ := serverCA.issue(b, "tokengate", true)
+	files := config.ListenerTLS{CertFile: filepath.Join(dir, "c"), KeyFile: filepath.Join(dir, "k"), ClientCAFile: filepath.Join(dir, "ca")}
+	for p, d := range map[string][]byte{files.CertFile: cert, files.KeyFile: key, files.ClientCAFile: clients.pem} {
+		if err := os.WriteFile(p, d, 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f = &tlsFiles{field: "bench", files: files, protos: []string{"h2"}, log: slog.New(slog.DiscardHandler)}
+	if err := f.reload(nil); err != nil {
+		b.Fatal(err)
+	}
+	server = &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: f.configForClient}
+	client = &tls.Config{RootCAs: serverCA.pool(), ServerName: "tokengate", NextProtos: []string{"h2"},
+		Certificates: []tls.Certificate{clients.clientCert(b, "envoy")}}
+	return server, client, f
+}
+
+// BenchmarkTLSFilesCheck is what the reload check adds to every handshake (a
+// stat of each file); compare with BenchmarkTLSHandshake, a whole mTLS
+// handshake of the same configuration.
+func BenchmarkTLSFilesCheck(b *testing.B) {
+	_, _, f := tlsBench(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := f.configForClient(nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkTLSHandshake(b *testing.B) {
+	server, client, _ := tlsBench(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		c, s := net.Pipe()
+		errc := make(chan error, 1)
+		go func() { errc <- tls.Server(s, server).Handshake() }()
+		if err := tls.Client(c, client).Handshake(); err != nil {
+			b.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+		s.Close()
 	}
 }
