@@ -95,12 +95,13 @@ type exchange struct {
 	srvCh        chan srvEvent
 	recvDone     chan struct{}
 
-	reqCh    chan chunk
-	reqRead  chan struct{} // closed when the goroutine reading the downstream body returned
-	readMu   sync.Mutex    // guards reading and readStop
-	reading  bool          // that goroutine is inside Body.Read
-	readStop bool          // that goroutine must not call Body.Read again
-	reqPipe  *pipe
+	reqCh       chan chunk
+	trailerKeys []string      // the request trailers the client announced
+	reqRead     chan struct{} // closed when the goroutine reading the downstream body returned
+	readMu      sync.Mutex    // guards reading and readStop
+	reading     bool          // that goroutine is inside Body.Read
+	readStop    bool          // that goroutine must not call Body.Read again
+	reqPipe     *pipe
 
 	upCancel   context.CancelFunc
 	upCh       chan upResult
@@ -162,6 +163,10 @@ func (x *exchange) run() {
 	x.entry.RequestID = get(d.hdrs, "x-request-id")
 	d.noBody = x.r.Body == nil || x.r.Body == http.NoBody || x.r.ContentLength == 0
 	if !d.noBody {
+		// Read before the body is: net/http fills in the values as it reaches the end.
+		for k := range x.r.Trailer {
+			x.trailerKeys = append(x.trailerKeys, k)
+		}
 		x.reqCh = make(chan chunk)
 		x.reqRead = make(chan struct{})
 		go func() {
@@ -827,10 +832,10 @@ func (x *exchange) startUpstream(body []byte, whole bool) {
 	}
 	copyTo(req.Header, del(append([]header(nil), d.hdrs...), "content-length"))
 	req.ContentLength = cl
-	if len(x.r.Trailer) > 0 && x.reqPipe != nil {
+	if len(x.trailerKeys) > 0 && x.reqPipe != nil {
 		// The trailers the client announced; their values come at the body's end.
 		req.Trailer = http.Header{}
-		for k := range x.r.Trailer {
+		for _, k := range x.trailerKeys {
 			req.Trailer[k] = nil
 		}
 		x.reqPipe.trailer = req.Trailer
@@ -1197,10 +1202,9 @@ func (x *exchange) onHeadersAnswer(d *dir, cr *extprocv3.CommonResponse, overrid
 		if bm := cr.GetBodyMutation(); bm != nil {
 			body := bm.GetBody()
 			d.hdrs = del(d.hdrs, "content-length")
+			// The replacement is the whole message: nothing more goes to the server.
+			d.trailerMode, d.trailers = skip, nil
 			x.release(d, body, true)
-			if !d.resp {
-				d.ended = true
-			}
 			return
 		}
 	}
