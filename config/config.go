@@ -47,6 +47,26 @@ type Listeners struct {
 	// MaxRecvMsgBytes bounds one gRPC message from Envoy; a BUFFERED request
 	// body travels as one message.
 	MaxRecvMsgBytes int `yaml:"max_recv_msg_bytes"`
+	// GRPCTLS serves ext_proc over TLS. With ClientCAFile set, only clients
+	// presenting a certificate from that CA may connect (mTLS: Envoy's cluster
+	// transport_socket with a client certificate). Nil serves plaintext.
+	GRPCTLS *ListenerTLS `yaml:"grpc_tls"`
+	// AdminTLS serves the admin endpoints over HTTPS; nil serves plain HTTP.
+	AdminTLS *ListenerTLS `yaml:"admin_tls"`
+	// Insecure allows the ext_proc listener on a non-loopback address without
+	// client certificates, for a mesh whose sidecar provides mTLS. Without
+	// it such a listener is refused: anyone who reaches the port could send
+	// any identity and drain any bucket.
+	Insecure bool `yaml:"insecure"`
+}
+
+// ListenerTLS is a listener's TLS: its certificate and, optionally, the CA
+// that client certificates must chain to. The files are read again when
+// they change on disk, so certificates rotate without a restart.
+type ListenerTLS struct {
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 // Store chooses where bucket state lives (S20) and what happens when it is

@@ -210,6 +210,7 @@ var metadataKeyRE = regexp.MustCompile(`^[a-z0-9_.-]+$`)
 // validate checks every field's value; it runs after defaults are applied.
 func (v *validator) validate(c *Config) {
 	v.validateListeners(&c.Listeners)
+	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -84,6 +85,10 @@ func loadConfig(path string) (*config.Config, error) {
 type listeners struct{ grpc, admin net.Listener }
 
 func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *listeners) error {
+	sec, err := newListenerTLS(cfg.Listeners, logger)
+	if err != nil {
+		return err
+	}
 	parts, err := build(ctx, cfg, logger, buildOptions{})
 	if err != nil {
 		return err
@@ -101,7 +106,10 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 		}
 	}
 
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Listeners.MaxRecvMsgBytes))
+	if sec.admin != nil {
+		ls.admin = tls.NewListener(ls.admin, sec.admin)
+	}
+	gs := grpc.NewServer(append(sec.grpc, grpc.MaxRecvMsgSize(cfg.Listeners.MaxRecvMsgBytes))...)
 	parts.server.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -117,7 +125,8 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 			errc <- err
 		}
 	}()
-	logger.Info("listening", "grpc", ls.grpc.Addr().String(), "admin", ls.admin.Addr().String())
+	logger.Info("listening", "grpc", ls.grpc.Addr().String(), "grpc_transport", sec.mode,
+		"admin", ls.admin.Addr().String(), "admin_tls", sec.admin != nil)
 
 	var serveErr error
 	select {

@@ -1,9 +1,12 @@
 package standin_test
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"log"
 	"net/http"
 	"net/url"
+	"os"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -38,4 +41,35 @@ func Example() {
 	if err := srv.ListenAndServe(); err != http.ErrServerClosed {
 		log.Fatal(err)
 	}
+}
+
+// ExampleDial reaches a tokengate that serves ext_proc over mTLS
+// (listeners.grpc_tls with client_ca_file), as Envoy's cluster would with an
+// UpstreamTlsContext transport_socket.
+func ExampleDial() {
+	envoyCert, err := tls.LoadX509KeyPair("envoy.crt", "envoy.key") // issued by tokengate's client_ca_file
+	if err != nil {
+		log.Fatal(err)
+	}
+	caPEM, err := os.ReadFile("tokengate-ca.crt") // the CA of tokengate's cert_file
+	if err != nil {
+		log.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	cc, err := standin.Dial("tokengate.internal:50051", &tls.Config{
+		Certificates: []tls.Certificate{envoyCert},
+		RootCAs:      roots,
+		ServerName:   "tokengate.internal",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	upstream, _ := url.Parse("http://127.0.0.1:8081")
+	p, err := standin.New(standin.Config{ExtProc: cc, Upstream: upstream})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
 }

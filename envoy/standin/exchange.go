@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -61,7 +62,7 @@ type dir struct {
 	hdrAnswered bool     // headers answer received (or headers not sent)
 	released    bool     // headers passed on to the destination
 	held        []byte   // data received and not yet sent anywhere
-	heldEOS     bool     // the source ended the body
+	heldEOS     bool     // the source ended the body (in duplex mode too, where nothing is held)
 	queue       []chunk  // STREAMED chunks awaiting their answers
 	chunksSent  int      // body messages sent to the server
 	deadline    time.Time
@@ -94,8 +95,13 @@ type exchange struct {
 	srvCh        chan srvEvent
 	recvDone     chan struct{}
 
-	reqCh   chan chunk
-	reqPipe *pipe
+	reqCh       chan chunk
+	trailerKeys []string      // the request trailers the client announced
+	reqRead     chan struct{} // closed when the goroutine reading the downstream body returned
+	readMu      sync.Mutex    // guards reading and readStop
+	reading     bool          // that goroutine is inside Body.Read
+	readStop    bool          // that goroutine must not call Body.Read again
+	reqPipe     *pipe
 
 	upCancel   context.CancelFunc
 	upCh       chan upResult
@@ -129,7 +135,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if route.Disabled {
 		x.mode = &filterv3.ProcessingMode{RequestHeaderMode: skip, ResponseHeaderMode: skip, RequestTrailerMode: skip, ResponseTrailerMode: skip}
 	}
-	x.req = dir{hdrMode: headerMode(x.mode.RequestHeaderMode), bodyMode: x.mode.RequestBodyMode}
+	x.req = dir{hdrMode: headerMode(x.mode.RequestHeaderMode), bodyMode: x.mode.RequestBodyMode,
+		trailerMode: x.mode.RequestTrailerMode}
 	x.res = dir{resp: true, hdrMode: headerMode(x.mode.ResponseHeaderMode), bodyMode: x.mode.ResponseBodyMode,
 		trailerMode: x.mode.ResponseTrailerMode}
 	if p.cfg.Metadata != nil {
@@ -156,8 +163,16 @@ func (x *exchange) run() {
 	x.entry.RequestID = get(d.hdrs, "x-request-id")
 	d.noBody = x.r.Body == nil || x.r.Body == http.NoBody || x.r.ContentLength == 0
 	if !d.noBody {
+		// Read before the body is: net/http fills in the values as it reaches the end.
+		for k := range x.r.Trailer {
+			x.trailerKeys = append(x.trailerKeys, k)
+		}
 		x.reqCh = make(chan chunk)
-		go x.readBody(x.r.Body, x.reqCh, 32<<10)
+		x.reqRead = make(chan struct{})
+		go func() {
+			defer close(x.reqRead)
+			x.readBody(x.r.Body, x.reqCh, 32<<10)
+		}()
 	}
 	if d.hdrMode == send {
 		x.sendHeaders(d)
@@ -197,16 +212,12 @@ func (x *exchange) run() {
 	}
 }
 
-// clientGone ends the exchange after a downstream disconnect: Envoy resets the side stream
-// (half-close, then cancel at once) and the upstream request.
+// clientGone ends the exchange after a downstream disconnect: Envoy closes the side stream
+// and resets the upstream request (docs §7.2).
 func (x *exchange) clientGone() {
 	x.entry.ClientCancelled = true
 	x.over = true
-	if x.stream != nil {
-		_ = x.stream.CloseSend()
-		x.streamCancel()
-		x.stream, x.srvCh = nil, nil
-	}
+	x.closeStream()
 }
 
 func (x *exchange) nextDeadline() time.Time {
@@ -223,6 +234,7 @@ func (x *exchange) nextDeadline() time.Time {
 // finish releases everything the exchange holds and records the log entry.
 func (x *exchange) finish() {
 	close(x.quit)
+	x.stopBodyRead()
 	x.closeStream()
 	if x.upResp != nil && !x.upBodyDone || x.upCh != nil {
 		if x.entry.UpstreamRequested {
@@ -247,14 +259,59 @@ func (x *exchange) finish() {
 	x.p.record(x.entry)
 }
 
-// readBody feeds a body to the loop in chunks; the last chunk carries eos (possibly empty).
+// stopBodyRead returns once the goroutine reading the downstream request body has stopped:
+// after the handler returns, net/http reads the connection itself, and a Read still running
+// here would race it ("invalid concurrent Body.Read call"). A Read blocked on a client that
+// is still sending is interrupted: on HTTP/1 by a read deadline in the past (the connection
+// is not reused, as Envoy closes an HTTP/1 connection whose request was not fully read), on
+// HTTP/2 by closing the body (the stream is reset when the handler returns).
+func (x *exchange) stopBodyRead() {
+	if x.reqRead == nil {
+		return
+	}
+	x.readMu.Lock()
+	x.readStop = true
+	inRead := x.reading
+	x.readMu.Unlock()
+	if !inRead {
+		// It returns before its next Read. Deadlines are left alone: once the body is
+		// read to its end, net/http reads the connection in the background, and a
+		// deadline would look like a client disconnect to it.
+		<-x.reqRead
+		return
+	}
+	if x.r.ProtoMajor == 1 {
+		if err := http.NewResponseController(x.w).SetReadDeadline(time.Unix(1, 0)); err != nil {
+			// A writer without deadlines: the Read cannot be interrupted, waiting could hang.
+			x.p.log.Debug("cannot interrupt the request body read", "err", err)
+			return
+		}
+	} else if err := x.r.Body.Close(); err != nil {
+		x.p.log.Debug("closing the request body", "err", err)
+	}
+	<-x.reqRead
+}
+
+// readBody feeds the downstream request body to the loop in chunks; the last chunk carries
+// eos (possibly empty).
 func (x *exchange) readBody(body io.Reader, ch chan<- chunk, max int) {
 	buf := make([]byte, max)
 	for {
+		x.readMu.Lock()
+		if x.readStop {
+			x.readMu.Unlock()
+			return
+		}
+		x.reading = true
+		x.readMu.Unlock()
 		n, err := body.Read(buf)
+		x.readMu.Lock()
+		x.reading = false
+		x.readMu.Unlock()
 		c := chunk{data: bytes.Clone(buf[:n])}
 		if err == io.EOF {
 			c.eos = true
+			c.trailers = requestTrailers(x.r.Trailer) // filled in at the body's end
 		} else if err != nil {
 			c.err = err
 		}
@@ -369,15 +426,19 @@ func (x *exchange) openStream() bool {
 	return true
 }
 
-// closeStream half-closes the side stream and resets it once the server ended the call or
-// RemoteCloseTimeout passed (Envoy's graceful close); it does not wait.
+// closeStream half-closes the side stream and resets it (docs §2.5): at once, as Envoy does
+// by default, or with GracefulClose once the server ended the call or RemoteCloseTimeout
+// passed. It does not wait.
 func (x *exchange) closeStream() {
 	if x.stream == nil {
 		return
 	}
-	_ = x.stream.CloseSend()
+	// CloseSend fails only when the call has ended already; the reset below is then a no-op.
+	if err := x.stream.CloseSend(); err != nil {
+		x.p.log.Debug("ext_proc half-close", "err", err)
+	}
 	cancel, done, wait := x.streamCancel, x.recvDone, x.p.cfg.RemoteCloseTimeout
-	if wait < 0 {
+	if !x.p.cfg.GracefulClose {
 		cancel()
 	} else {
 		go func() {
@@ -553,10 +614,16 @@ func (x *exchange) localReply(code int, hs []header, body []byte, details string
 	}
 	copyTo(h, hs)
 	h.Set("content-length", strconv.Itoa(len(body)))
-	// A request whose body is still streaming upstream cannot be finished: Envoy resets
-	// the downstream stream after the reply.
-	if x.req.released && !x.req.ended && x.req.bodyMode == modeStreamed {
+	// A request whose body is still streaming upstream (STREAMED, or FULL_DUPLEX_STREAMED
+	// after the headers answer) cannot be finished: Envoy resets the downstream stream after
+	// the reply, and the upstream request with it (docs §4).
+	if x.req.released && !x.req.ended && (x.req.bodyMode == modeStreamed || x.req.bodyMode == modeDuplex) {
 		x.reset = true
+		h.Set("connection", "close")
+	}
+	// Envoy does not keep an HTTP/1 connection whose request it has not read to the end
+	// (doEndStream): the reply is followed by the connection's close.
+	if x.r.ProtoMajor == 1 && x.reqCh != nil {
 		h.Set("connection", "close")
 	}
 	x.w.WriteHeader(code)
@@ -642,7 +709,7 @@ func (x *exchange) release(d *dir, body []byte, whole bool) {
 	}
 	x.startUpstream(body, whole)
 	if whole {
-		d.ended = true
+		x.end(d) // or, with trailers, once they are answered
 	}
 }
 
@@ -672,7 +739,7 @@ func (x *exchange) end(d *dir) {
 	d.ended = true
 	if !d.resp {
 		if x.reqPipe != nil {
-			x.reqPipe.end(io.EOF)
+			x.reqPipe.endWithTrailers(d.trailers)
 		}
 		return
 	}
@@ -742,8 +809,13 @@ func (x *exchange) startUpstream(body []byte, whole bool) {
 	switch {
 	case d.noBody:
 		rd, cl = nil, 0
-	case whole:
+	case whole && d.trailers == nil:
 		rd, cl = bytes.NewReader(body), int64(len(body))
+	case whole:
+		// Trailers follow the body, once answered: chunked, through the pipe.
+		x.reqPipe = newPipe()
+		x.reqPipe.write(body)
+		rd = x.reqPipe
 	default:
 		x.reqPipe = newPipe()
 		x.reqPipe.write(body)
@@ -760,6 +832,14 @@ func (x *exchange) startUpstream(body []byte, whole bool) {
 	}
 	copyTo(req.Header, del(append([]header(nil), d.hdrs...), "content-length"))
 	req.ContentLength = cl
+	if len(x.trailerKeys) > 0 && x.reqPipe != nil {
+		// The trailers the client announced; their values come at the body's end.
+		req.Trailer = http.Header{}
+		for _, k := range x.trailerKeys {
+			req.Trailer[k] = nil
+		}
+		x.reqPipe.trailer = req.Trailer
+	}
 	if cl == 0 && !d.noBody {
 		req.Body = http.NoBody
 	}
@@ -788,6 +868,7 @@ func (x *exchange) onReqChunk(c chunk) {
 	}
 	if c.eos {
 		x.reqCh = nil
+		x.req.trailers = c.trailers
 	}
 	x.onData(&x.req, c.data, c.eos)
 }
@@ -817,6 +898,18 @@ func (x *exchange) onUpstream(u upResult) {
 	}
 	d.hdrAnswered = true
 	x.afterHeaders(d)
+}
+
+// requestTrailers returns the trailers a client sent (announced ones it left empty are
+// not sent), or nil.
+func requestTrailers(t http.Header) []header {
+	var hs []header
+	for k, vs := range t {
+		for _, v := range vs {
+			hs = append(hs, header{strings.ToLower(k), v})
+		}
+	}
+	return hs
 }
 
 // upTrailers returns the upstream response's trailers, read after the body's EOF.
@@ -905,6 +998,9 @@ func (x *exchange) onData(d *dir, data []byte, eos bool) {
 			d.queue = append(d.queue, chunk{data: data, eos: eos})
 		}
 	case modeDuplex:
+		// Sent at once, even while the headers answer is pending; nothing moves on to the
+		// destination but what the server sends back (docs §2.2).
+		d.heldEOS = eos
 		if len(data) > 0 || srvEOS {
 			x.sendBody(d, data, srvEOS)
 		}
@@ -1106,10 +1202,9 @@ func (x *exchange) onHeadersAnswer(d *dir, cr *extprocv3.CommonResponse, overrid
 		if bm := cr.GetBodyMutation(); bm != nil {
 			body := bm.GetBody()
 			d.hdrs = del(d.hdrs, "content-length")
+			// The replacement is the whole message: nothing more goes to the server.
+			d.trailerMode, d.trailers = skip, nil
 			x.release(d, body, true)
-			if !d.resp {
-				d.ended = true
-			}
 			return
 		}
 	}
@@ -1120,7 +1215,9 @@ func (x *exchange) onBodyAnswer(d *dir, cr *extprocv3.CommonResponse) {
 	bm := cr.GetBodyMutation()
 	sr := bm.GetStreamedResponse()
 	if d.bodyMode == modeDuplex {
-		if !d.hdrAnswered || sr == nil {
+		// Only streamed_response, only after the headers answer, only while Envoy is in
+		// its body state (a chunk was sent) and the direction has not ended (docs §2.2, §5.2).
+		if !d.hdrAnswered || sr == nil || d.chunksSent == 0 || d.ended {
 			x.spurious(d.name() + "_body")
 			return
 		}

@@ -3,6 +3,7 @@ package standin
 import (
 	"context"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,7 +28,7 @@ type procStream struct {
 
 	mu   sync.Mutex
 	got  []*extprocv3.ProcessingRequest
-	end  error // what Recv returned last
+	end  error // what Recv returned last, or the failed Send
 	done chan struct{}
 }
 
@@ -43,7 +44,19 @@ func (ps *procStream) recv() (*extprocv3.ProcessingRequest, error) {
 	return m, nil
 }
 
-func (ps *procStream) send(m *extprocv3.ProcessingResponse) error { return ps.s.Send(m) }
+// send sends m; a failed Send (the call ended) is kept as the stream's end when Recv has
+// not reported one yet.
+func (ps *procStream) send(m *extprocv3.ProcessingResponse) error {
+	err := ps.s.Send(m)
+	if err != nil {
+		ps.mu.Lock()
+		if ps.end == nil {
+			ps.end = err
+		}
+		ps.mu.Unlock()
+	}
+	return err
+}
 
 // kinds lists the kinds of messages received so far.
 func (ps *procStream) kinds() []string {
@@ -173,15 +186,26 @@ type upstream struct {
 	headers   []http.Header
 	cancelled int
 	calls     int
+	bodyErrs  []error                                      // errors reading each request body
+	trailers  []http.Header                                // each request's trailers
 	serve     func(w http.ResponseWriter, r *http.Request) // writes the response
 	gone      chan struct{}                                // receives when a request context ends early
+	started   chan struct{}                                // receives when a request arrives, if set
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
+	if u.started != nil {
+		select {
+		case u.started <- struct{}{}:
+		default:
+		}
+	}
+	body, err := io.ReadAll(r.Body)
 	u.mu.Lock()
 	u.calls++
 	u.bodies = append(u.bodies, body)
+	u.bodyErrs = append(u.bodyErrs, err)
+	u.trailers = append(u.trailers, r.Trailer.Clone())
 	u.headers = append(u.headers, r.Header.Clone())
 	u.mu.Unlock()
 	u.serve(w, r)
@@ -237,10 +261,37 @@ type harness struct {
 	up    *upstream
 	proxy *Proxy
 	front *httptest.Server
+
+	mu        sync.Mutex
+	sideCtx   []context.Context // the context of each side stream, as the stand-in opened it
+	serverLog strings.Builder   // the front server's error log (handler panics land here)
+}
+
+// sideContexts returns the contexts of the side streams opened so far.
+func (h *harness) sideContexts() []context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]context.Context(nil), h.sideCtx...)
+}
+
+// frontLog returns what the front server logged.
+func (h *harness) frontLog() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.serverLog.String()
+}
+
+type logWriter struct{ h *harness }
+
+func (w logWriter) Write(b []byte) (int, error) {
+	w.h.mu.Lock()
+	defer w.h.mu.Unlock()
+	return w.h.serverLog.Write(b)
 }
 
 // newHarness starts the test ext_proc server on an in-memory listener, the upstream, and
-// the stand-in in front of them. cfg.ExtProc and cfg.Upstream are filled in.
+// the stand-in in front of them. cfg.ExtProc and cfg.Upstream are filled in, and
+// MessageTimeout when it is zero.
 func newHarness(t testing.TB, cfg Config, handle func(*procStream) error, serve func(http.ResponseWriter, *http.Request), h2 bool) *harness {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
@@ -249,9 +300,16 @@ func newHarness(t testing.TB, cfg Config, handle func(*procStream) error, serve 
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
+	h := &harness{}
+	record := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		h.mu.Lock()
+		h.sideCtx = append(h.sideCtx, ctx)
+		h.mu.Unlock()
+		return streamer(ctx, desc, cc, method, opts...)
+	}
 	cc, err := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStreamInterceptor(record))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,6 +320,11 @@ func newHarness(t testing.TB, cfg Config, handle func(*procStream) error, serve 
 	t.Cleanup(us.Close)
 	cfg.ExtProc = cc
 	cfg.Upstream, _ = url.Parse(us.URL)
+	if cfg.MessageTimeout == 0 {
+		// Envoy's 200ms would turn a slow answer on a loaded machine into a 504; tests of
+		// the timer set their own.
+		cfg.MessageTimeout = 10 * time.Second
+	}
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -272,9 +335,11 @@ func newHarness(t testing.TB, cfg Config, handle func(*procStream) error, serve 
 		front.Config = p.Server()
 		front.Config.Handler = p
 	}
+	front.Config.ErrorLog = log.New(logWriter{h}, "", 0)
 	front.Start()
 	t.Cleanup(front.Close)
-	return &harness{proc: proc, up: up, proxy: p, front: front}
+	h.proc, h.up, h.proxy, h.front = proc, up, p, front
+	return h
 }
 
 func (h *harness) client(h2 bool) *http.Client {
@@ -289,6 +354,7 @@ func (h *harness) client(h2 bool) *http.Client {
 type result struct {
 	status  int
 	header  http.Header
+	close   bool // the server closes the connection after this response
 	body    string
 	bodyErr error
 }
@@ -317,7 +383,7 @@ func (h *harness) doWith(t *testing.T, c *http.Client, method, path, body string
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return result{status: resp.StatusCode, header: resp.Header, body: string(b), bodyErr: err}
+	return result{status: resp.StatusCode, header: resp.Header, close: resp.Close, body: string(b), bodyErr: err}
 }
 
 // lastEntry waits for the n-th log entry.

@@ -2,6 +2,7 @@ package standin
 
 import (
 	"io"
+	"net/http"
 	"sync"
 )
 
@@ -13,6 +14,13 @@ type pipe struct {
 	buf    []byte
 	err    error // returned once buf is drained (io.EOF on a clean end)
 	closed bool  // reader closed
+
+	// trailer is the upstream request's Trailer map. It belongs to the reader (the
+	// transport reads it after the body's EOF), so the trailers set by the writer are
+	// copied into it by Read, just before the reader sees io.EOF.
+	trailer  http.Header
+	trailers []header
+	copied   bool
 }
 
 func newPipe() *pipe {
@@ -31,6 +39,15 @@ func (p *pipe) Read(b []byte) (int, error) {
 		return 0, io.ErrClosedPipe
 	}
 	if len(p.buf) == 0 {
+		if p.err == io.EOF && p.trailer != nil && !p.copied {
+			p.copied = true
+			for k := range p.trailer {
+				delete(p.trailer, k)
+			}
+			for _, t := range p.trailers {
+				p.trailer.Add(t.key, t.value)
+			}
+		}
 		return 0, p.err
 	}
 	n := copy(b, p.buf)
@@ -57,6 +74,14 @@ func (p *pipe) write(b []byte) {
 	}
 	p.mu.Unlock()
 	p.cond.Broadcast()
+}
+
+// endWithTrailers finishes the body cleanly, followed by trailers.
+func (p *pipe) endWithTrailers(trailers []header) {
+	p.mu.Lock()
+	p.trailers = trailers
+	p.mu.Unlock()
+	p.end(io.EOF)
 }
 
 // end finishes the body with err (io.EOF for a clean end).

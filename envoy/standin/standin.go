@@ -8,7 +8,8 @@
 //
 //   - processing modes per direction (NONE, BUFFERED, STREAMED, FULL_DUPLEX_STREAMED) with held
 //     headers, the merged first STREAMED chunk, 1:1 STREAMED answers that keep the original
-//     end_of_stream, duplex streamed_response answers (M:N), response trailers;
+//     end_of_stream, duplex streamed_response answers (M:N), request and response trailers
+//     (no end_of_stream on a body message when trailers follow);
 //   - exactly one answer per message where Envoy expects one; spurious answers fail the request
 //     (1.35+) or make the server ignored; ImmediateResponse per phase: a local reply while the
 //     client has no response headers yet, a stream reset afterwards;
@@ -19,14 +20,24 @@
 //   - protocol_config on the first message, metadata_context on every message, per-route
 //     grpc_initial_metadata and disabled routes, receiving namespaces for dynamic metadata;
 //   - the request buffer limit (413), upstream cancellation when a duplex answer ends the
-//     response early, and side-stream reset when the client goes away.
+//     response early, and side-stream reset when the client goes away;
+//   - FULL_DUPLEX_STREAMED requests: body chunks go to the server at once, the upstream is
+//     contacted only after the headers answer and receives only the server's
+//     streamed_response chunks (chunked, content-length removed); a body answer before the
+//     headers answer, before any chunk, or after end_of_stream is spurious;
+//   - a local reply to a request already on its way upstream (STREAMED or duplex) resets the
+//     downstream stream and the upstream request; an HTTP/1 connection whose request was not
+//     read to its end is closed after a local reply;
+//   - side-stream close: a half-close followed at once by a reset, as Envoy does by default,
+//     or the graceful close of the runtime guard ext_proc_graceful_grpc_close
+//     ([Config.GracefulClose]).
 //
 // Each finished request is logged as an [Entry] (status, response code details, reset,
 // upstream cancelled, dynamic metadata, ...) for assertions. Where Envoy would reset a stream
 // the stand-in aborts the handler: HTTP/1 clients see the connection close mid-body, HTTP/2
 // clients a RST_STREAM.
 //
-// Not emulated: request trailers, BUFFERED_PARTIAL and GRPC body modes, observability mode,
+// Not emulated: BUFFERED_PARTIAL and GRPC body modes, observability mode,
 // request/response attributes (CEL), send_body_without_waiting_for_header_response,
 // StreamedImmediateResponse, route cache clearing, mutation_rules other than the defaults,
 // local_reply_config, flow-control watermarks, and Envoy's HTTP/2 reset codes.
@@ -94,9 +105,15 @@ type Config struct {
 	// Metadata, if set, returns the dynamic metadata forwarded as metadata_context on every
 	// message of the request's side stream (for example JWT claims set by an auth filter).
 	Metadata func(*http.Request) *corev3.Metadata
-	// RemoteCloseTimeout is how long a half-closed side stream may take to be ended by the
-	// server before it is reset (Envoy's graceful close, default 1s). Negative resets at once,
-	// like Envoy's default close, which can drop messages still in flight.
+	// GracefulClose closes side streams as Envoy does with the runtime guard
+	// ext_proc_graceful_grpc_close (1.34+, off by default): half-close, then wait up to
+	// RemoteCloseTimeout for the server to end the call, then reset it. Without it the
+	// stand-in closes as Envoy does by default (docs §2.5): a half-close immediately followed
+	// by a reset, so the server sees io.EOF and/or codes.Canceled and a message still in
+	// flight may be lost.
+	GracefulClose bool
+	// RemoteCloseTimeout bounds the wait of a graceful close (default 1s, Envoy's
+	// remote_close_timeout_milliseconds). It applies only with GracefulClose.
 	RemoteCloseTimeout time.Duration
 	// EnvoyMinor selects the emulated Envoy 1.x minor version (34..37); 0 means 37.
 	// Before 35 spurious answers are ignored instead of failing the request; before 36
@@ -186,8 +203,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Upstream == nil || cfg.Upstream.Host == "" {
 		errs = append(errs, errors.New("standin: Config.Upstream must be an absolute URL"))
 	}
-	if cfg.MessageTimeout < 0 || cfg.MaxMessageTimeout < 0 || cfg.RequestBufferLimit < 0 || cfg.ChunkSize < 0 {
-		errs = append(errs, errors.New("standin: negative MessageTimeout, MaxMessageTimeout, RequestBufferLimit or ChunkSize"))
+	if cfg.MessageTimeout < 0 || cfg.MaxMessageTimeout < 0 || cfg.RequestBufferLimit < 0 || cfg.ChunkSize < 0 || cfg.RemoteCloseTimeout < 0 {
+		errs = append(errs, errors.New("standin: negative MessageTimeout, MaxMessageTimeout, RequestBufferLimit, ChunkSize or RemoteCloseTimeout"))
 	}
 	if cfg.EnvoyMinor != 0 && (cfg.EnvoyMinor < 34 || cfg.EnvoyMinor > 37) {
 		errs = append(errs, fmt.Errorf("standin: Config.EnvoyMinor %d not in 34..37", cfg.EnvoyMinor))

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -290,10 +291,31 @@ func TestImmediateResponsePerPhase(t *testing.T) {
 // Scenario §9.2.5: a buffered body over the limit gets 413; the server sees only the
 // request headers, then the stream closes.
 func TestBufferOverflow413(t *testing.T) {
-	h := newHarness(t, Config{RequestBufferLimit: 16}, echo, sse(sseA), false)
-	res := h.do(t, "POST", "/v1/chat/completions", strings.Repeat("x", 100))
-	if res.status != http.StatusRequestEntityTooLarge {
-		t.Fatalf("status = %d, want 413", res.status)
+	gotHeaders := make(chan struct{})
+	h := newHarness(t, Config{RequestBufferLimit: 16}, scripted(func(m *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, bool, error) {
+		if m.GetRequestHeaders() != nil {
+			close(gotHeaders)
+		}
+		return nil, false, nil
+	}), sse(sseA), false)
+	// The body follows the headers message: a reset stream can lose a message in flight.
+	pr, pw := io.Pipe()
+	go func() {
+		select {
+		case <-gotHeaders:
+		case <-time.After(10 * time.Second):
+		}
+		pw.Write([]byte(strings.Repeat("x", 100)))
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", pr)
+	resp, err := h.client(false).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status = %d, want 413", resp.StatusCode)
 	}
 	ps := ended(t, h.next(t))
 	if diff := cmp.Diff([]string{"request_headers"}, ps.kinds()); diff != "" {
