@@ -35,9 +35,12 @@ const metadataEvery = 16
 
 type sendFunc func(*extprocv3.ProcessingResponse) error
 
-// processor is the state of one HTTP request. It is owned by its stream's
-// goroutine; only abandon (Shutdown) reaches it from elsewhere, through
-// settleMu and the atomic counters.
+// processor is the state of one HTTP request, split by phase: what the
+// request phase decided (request), what the response phase follows
+// (response), and the reservation's settlement (settlement), which alone is
+// shared with other goroutines. The processor is owned by its stream's
+// goroutine; only Shutdown (abandon) reaches the settlement from elsewhere,
+// through its mutex and atomic counters.
 type processor struct {
 	s      *Server
 	ctx    context.Context
@@ -46,52 +49,68 @@ type processor struct {
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	send              sendFunc
+	// done: nothing more is answered (after an immediate response or a
+	// FULL_DUPLEX_STREAMED cut-off, Envoy may still send what was in flight).
+	done bool
 
-	// request
-	id        string
+	req  request
+	resp response
+	st   settlement
+}
+
+// request is what the request phase read and decided. Written by the
+// request phase, read by the later ones.
+type request struct {
+	id        string // x-request-id, for logs
 	path      string
 	priority  bool
 	ids       map[string]string
-	reqBody   []byte
+	body      []byte
 	decided   bool
 	count     tokenizer.Count
 	allowance int // output tokens reserved
 	injected  bool
 	hard      bool
 	states    []buckets.BucketState
-	decision  string // admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
+	decision  string // admitted, unmetered, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
 	waited    time.Duration
-	inDebt    []string      // buckets settlement left below zero; written under settleMu
 	renewAt   time.Time     // when the concurrency slots are renewed next
 	renewIn   time.Duration // half the shortest slot lease; 0 without slots
+}
 
-	// response
+// response is what the response phase follows: the upstream's status and
+// body, the live count (S13) and the cut-off (S14).
+type response struct {
 	status     int
 	sse        bool
 	encoded    bool
-	respBody   []byte
+	body       []byte // a non-streamed body, kept to read its usage
 	framer     provider.Framer
 	stream     *provider.Stream
 	live       liveCounter
 	out        []byte
 	outBuf     *[]byte // the pooled buffer out came from
 	delivered  int     // output tokens forwarded to the client
-	extended   int
 	answers    int
 	eosSeen    bool
 	cut        bool
-	done       bool
 	usage      provider.Usage
 	usageOK    bool
 	streamResp *extprocv3.ProcessingResponse
 	streamBody *extprocv3.StreamedBodyResponse
+}
 
-	// settlement, shared with abandon
-	settleMu sync.Mutex
+// settlement is the reservation and what settling it charged (S8). mu
+// guards every field but the atomic counters, which abandon reads while the
+// stream goroutine writes them.
+type settlement struct {
+	mu       sync.Mutex
 	res      *buckets.Reservation
+	extended int // tokens debited by Extend beyond the reservation
 	settled  bool
 	actual   int
 	outcome  string
+	inDebt   []string // buckets settlement left below zero
 	input    atomic.Int64
 	output   atomic.Int64
 }
@@ -107,7 +126,7 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) erro
 		p.reqMode, p.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
 	if p.pol == nil {
-		p.decision = "bad_request"
+		p.req.decision = "bad_request"
 		p.logAt(slog.LevelWarn, "route names an unknown policy")
 		return p.immediate(reply{status: 500, detail: errorDetail{
 			Code: "unknown_policy", Message: "the gateway route names an unknown rate-limit policy", Type: "server_error",
@@ -146,31 +165,31 @@ func headerMap(hm *corev3.HeaderMap) map[string]string {
 
 func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) error {
 	hdr := headerMap(h.GetHeaders())
-	p.path = hdr[":path"]
-	p.id = hdr["x-request-id"]
-	if p.id == "" {
-		p.id = randomID()
+	p.req.path = hdr[":path"]
+	p.req.id = hdr["x-request-id"]
+	if p.req.id == "" {
+		p.req.id = randomID()
 	}
 	if p.pol.PriorityHeader != "" {
 		v := hdr[p.pol.PriorityHeader]
-		p.priority = v == "true" || v == "1"
+		p.req.priority = v == "true" || v == "1"
 	}
 	md := req.GetMetadataContext().GetFilterMetadata()
-	p.ids = make(map[string]string, len(p.pol.Identities))
+	p.req.ids = make(map[string]string, len(p.pol.Identities))
 	for _, id := range p.pol.Identities {
 		v, ok := lookupIdentity(id, hdr, md)
 		if !ok {
 			if p.pol.Anonymous == anonymousReject {
-				p.decision = "unauthorized"
+				p.req.decision = "unauthorized"
 				return p.immediate(unauthorized(id.Name), send)
 			}
 			v = anonymousIdentity
 		}
-		p.ids[id.Name] = v
+		p.req.ids[id.Name] = v
 	}
 	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{"accept-encoding"}}
 	if h.GetEndOfStream() {
-		p.decision = "unmetered" // no body, nothing to count
+		p.req.decision = "unmetered" // no body, nothing to count
 	}
 	return send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}},
@@ -178,17 +197,17 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 }
 
 func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
-	if p.decided {
+	if p.req.decided {
 		return send(requestBodyResponse(nil, nil))
 	}
-	if len(p.reqBody)+len(b.GetBody()) > p.s.cfg.MaxBodyBytes {
-		p.decision = "bad_request"
+	if len(p.req.body)+len(b.GetBody()) > p.s.cfg.MaxBodyBytes {
+		p.req.decision = "bad_request"
 		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
 	}
-	if p.reqBody == nil && b.GetEndOfStream() {
-		p.reqBody = b.GetBody() // one message: no copy
+	if p.req.body == nil && b.GetEndOfStream() {
+		p.req.body = b.GetBody() // one message: no copy
 	} else {
-		p.reqBody = append(p.reqBody, b.GetBody()...)
+		p.req.body = append(p.req.body, b.GetBody()...)
 	}
 	streamed := p.reqMode == filterv3.ProcessingMode_STREAMED
 	if streamed && !b.GetEndOfStream() {
@@ -196,16 +215,16 @@ func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 		// chunk, which Envoy releases only after this answer.
 		return send(requestBodyResponse(nil, nil))
 	}
-	p.decided = true
+	p.req.decided = true
 	return p.decide(!streamed, send)
 }
 
 // decide counts the request, reserves its chain and answers the request body
 // (S3–S7, S12, S15, S16).
 func (p *processor) decide(canRewrite bool, send sendFunc) error {
-	c, err := p.s.cfg.counter.Count(tokenizer.Request{Path: p.path, Policy: p.policy, Body: p.reqBody})
+	c, err := p.s.cfg.counter.Count(tokenizer.Request{Path: p.req.path, Policy: p.policy, Body: p.req.body})
 	if err != nil {
-		p.decision = "bad_request"
+		p.req.decision = "bad_request"
 		p.logAt(slog.LevelInfo, "request refused: cannot count it", "err", err)
 		code := "invalid_request"
 		switch {
@@ -220,19 +239,19 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		}
 		return p.immediate(badRequest(code, err.Error()), send)
 	}
-	p.count = c
-	p.allowance = c.OutputAllowance
-	if m := p.pol.MaxOutputTokens; m > 0 && p.allowance > m {
-		p.allowance = m
+	p.req.count = c
+	p.req.allowance = c.OutputAllowance
+	if m := p.pol.MaxOutputTokens; m > 0 && p.req.allowance > m {
+		p.req.allowance = m
 	}
-	cost := c.InputTokens + p.allowance
-	req := buckets.Request{ID: p.id + "-" + randomID()[:8], Cost: float64(cost), Priority: p.priority}
+	cost := c.InputTokens + p.req.allowance
+	req := buckets.Request{ID: p.req.id + "-" + randomID()[:8], Cost: float64(cost), Priority: p.req.priority}
 	for _, r := range p.pol.Buckets {
 		req.Buckets = append(req.Buckets, buckets.Bucket{
 			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
 			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
 		})
-		p.hard = p.hard || r.Hard
+		p.req.hard = p.req.hard || r.Hard
 	}
 	for _, r := range p.pol.Concurrency {
 		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
@@ -265,30 +284,30 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		leaveQueue()
 	}
 	if err != nil {
-		p.decision = "store_error"
+		p.req.decision = "store_error"
 		p.logAt(slog.LevelError, "bucket store unavailable", "err", err)
 		return p.immediate(unavailable(), send)
 	}
-	p.states = d.Buckets
-	p.input.Store(int64(c.InputTokens))
+	p.req.states = d.Buckets
+	p.st.input.Store(int64(c.InputTokens))
 	if !d.OK {
 		switch d.Reason {
 		case buckets.NeverAdmissible:
-			p.decision = "never_admissible"
+			p.req.decision = "never_admissible"
 		case buckets.ConcurrencyFull:
-			p.decision = "refused_requests"
+			p.req.decision = "refused_requests"
 		default:
-			p.decision = "refused_tokens"
+			p.req.decision = "refused_tokens"
 		}
 		return p.immediate(refusal(d, cost), send)
 	}
-	p.settleMu.Lock()
-	p.res = d.Reservation
-	p.settleMu.Unlock()
-	p.decision = "admitted"
+	p.st.mu.Lock()
+	p.st.res = d.Reservation
+	p.st.mu.Unlock()
+	p.req.decision = "admitted"
 	p.scheduleRenewal()
 	if d.Wait > 0 {
-		p.waited = d.Wait
+		p.req.waited = d.Wait
 		// Envoy's per-message timer (200 ms by default) would answer 504
 		// while the request waits: extend it, in a message of its own. It
 		// takes effect only up to Envoy's max_message_timeout.
@@ -309,17 +328,17 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		(c.API == tokenizer.ChatCompletions || c.API == tokenizer.Completions)
 	clamp := 0
 	if p.pol.ClampOutput && c.API != tokenizer.Embeddings {
-		clamp = p.allowance
+		clamp = p.req.allowance
 	}
 	if canRewrite && (inject || clamp > 0) {
-		nb, err := rewriteBody(c.API, p.reqBody, inject, clamp)
+		nb, err := rewriteBody(c.API, p.req.body, inject, clamp)
 		if err != nil {
 			p.logAt(slog.LevelWarn, "request forwarded unchanged", "err", err)
 		} else {
-			body, p.injected = nb, inject
+			body, p.req.injected = nb, inject
 		}
 	}
-	p.reqBody = nil
+	p.req.body = nil
 	return send(requestBodyResponse(body, p.metadata(false)))
 }
 
@@ -349,13 +368,13 @@ func (p *processor) key(rule, per string, provider bool) string {
 	case "":
 		return bucketKey(scope, rule, globalIdentity)
 	case perModel:
-		m := p.count.Model
+		m := p.req.count.Model
 		if m == "" {
 			m = "unknown"
 		}
 		return bucketKey(scope, rule, m)
 	}
-	v := p.ids[per]
+	v := p.req.ids[per]
 	if v == "" { // request headers were not sent to the server
 		v = anonymousIdentity
 	}
@@ -370,10 +389,10 @@ func (p *processor) immediate(r reply, send sendFunc) error {
 // metadata is the dynamic metadata of the running counts (S24).
 func (p *processor) metadata(final bool) *structpb.Struct {
 	fields := map[string]*structpb.Value{
-		"input_tokens":    structpb.NewNumberValue(float64(p.count.InputTokens)),
-		"output_tokens":   structpb.NewNumberValue(float64(p.output.Load())),
+		"input_tokens":    structpb.NewNumberValue(float64(p.req.count.InputTokens)),
+		"output_tokens":   structpb.NewNumberValue(float64(p.st.output.Load())),
 		"reserved_tokens": structpb.NewNumberValue(float64(p.reservedTokens())),
-		"decision":        structpb.NewStringValue(p.decision),
+		"decision":        structpb.NewStringValue(p.req.decision),
 	}
 	if final {
 		a, _ := p.settlement()
@@ -385,10 +404,10 @@ func (p *processor) metadata(final bool) *structpb.Struct {
 }
 
 func (p *processor) reservedTokens() int {
-	if p.res == nil {
+	if p.st.res == nil {
 		return 0
 	}
-	return int(p.res.Cost) + p.extended
+	return int(p.st.res.Cost) + p.st.extended
 }
 
 // logAt logs with the request's policy and id, building nothing when the
@@ -398,7 +417,7 @@ func (p *processor) logAt(level slog.Level, msg string, args ...any) {
 	if !p.s.cfg.Logger.Enabled(ctx, level) {
 		return
 	}
-	p.s.cfg.Logger.Log(ctx, level, msg, append([]any{"policy", p.policy, "request_id", p.id}, args...)...)
+	p.s.cfg.Logger.Log(ctx, level, msg, append([]any{"policy", p.policy, "request_id", p.req.id}, args...)...)
 }
 
 func randomID() string {

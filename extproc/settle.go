@@ -1,0 +1,178 @@
+package extproc
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+// settlement is what the request costs, and why (S8):
+//   - cut off: the prompt and every output token counted (what was
+//     delivered plus the event in flight the upstream generated);
+//   - no response seen (upstream connect failure, client gone before the
+//     answer): nothing; the provider bills no request it never answered;
+//   - upstream error status: the provider's usage if it reported any, else
+//     nothing;
+//   - provider usage reported: that, authoritative;
+//   - streamed: the prompt and the live output count, ended or aborted;
+//   - not streamed and no usage reported: the reservation stands.
+func (p *processor) settlement() (int, string) {
+	in := p.req.count.InputTokens
+	switch {
+	case p.resp.cut:
+		if p.resp.usageOK && p.resp.usage.Total() > 0 && !p.duplex() {
+			return p.resp.usage.Total(), "cut_off"
+		}
+		return in + int(p.st.output.Load()), "cut_off"
+	case p.resp.status == 0:
+		return 0, "no_response"
+	case p.resp.status >= 400:
+		if p.resp.usageOK {
+			return p.resp.usage.Total(), "upstream_error"
+		}
+		return 0, "upstream_error"
+	}
+	outcome := "complete"
+	if !p.resp.eosSeen {
+		outcome = "aborted"
+	}
+	switch {
+	case p.resp.usageOK:
+		return p.resp.usage.Total(), outcome
+	case p.resp.sse:
+		return in + int(p.st.output.Load()), outcome
+	}
+	return p.reservedTokens(), outcome
+}
+
+// settle settles the reservation exactly once, under a context that is not
+// the stream's, with a short timeout (S8).
+func (p *processor) settle() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled || p.st.res == nil {
+		return
+	}
+	p.st.settled = true
+	p.st.actual, p.st.outcome = p.settlement()
+	p.settleStore(p.st.actual)
+	if p.st.outcome == "complete" && p.resp.status == 200 && p.req.count.Model != "" {
+		out := int(p.st.output.Load())
+		if p.resp.usageOK {
+			out = p.resp.usage.OutputTokens
+		}
+		if p.resp.usageOK || p.resp.sse {
+			p.s.cfg.counter.Observe(p.policy, p.req.count.Model, out)
+		}
+	}
+}
+
+// settleStore calls the store; settleMu is held.
+func (p *processor) settleStore(actual int) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+	defer cancel()
+	states, err := p.s.cfg.Store.Settle(ctx, p.st.res, float64(actual))
+	if err != nil {
+		p.logAt(slog.LevelError, "settlement failed", "reserved", p.reservedTokens(), "actual", actual, "err", err)
+		return
+	}
+	for _, st := range states {
+		if st.Remaining < 0 {
+			p.st.inDebt = append(p.st.inDebt, st.Name)
+		}
+	}
+}
+
+// abandon settles an open reservation from Shutdown, as an aborted request.
+func (p *processor) abandon() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled || p.st.res == nil {
+		return
+	}
+	p.st.settled = true
+	p.st.actual = int(p.st.input.Load() + p.st.output.Load())
+	p.st.outcome = "shutdown"
+	p.settleStore(p.st.actual)
+}
+
+// finish runs once when the stream ends, on every path: it settles what is
+// still open (an aborted request) and records the request's outcome. It is
+// the one place per request where outcomes are reported.
+func (p *processor) finish() {
+	p.releaseOut()
+	p.releaseFramer()
+	p.settle()
+	p.st.mu.Lock()
+	actual, outcome, settled, inDebt := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt
+	p.st.mu.Unlock()
+	level := slog.LevelInfo
+	if p.req.decision == "admitted" && outcome == "complete" || p.req.decision == "unmetered" {
+		level = slog.LevelDebug // the common case: keep Info for what an operator acts on
+	}
+	if p.s.cfg.Logger.Enabled(context.Background(), level) {
+		attrs := []any{
+			"decision", p.req.decision,
+			"api", string(p.req.count.API), "model", p.req.count.Model,
+			"input_tokens", p.req.count.InputTokens, "allowance", p.req.allowance,
+			"reserved", p.reservedTokens(), "output_tokens", p.st.output.Load(),
+			"status", p.resp.status, "cut_off", p.resp.cut,
+		}
+		if settled {
+			attrs = append(attrs, "settled", actual, "outcome", outcome)
+		}
+		if p.req.waited > 0 {
+			attrs = append(attrs, "waited", p.req.waited)
+		}
+		p.logAt(level, "request finished", attrs...)
+	}
+	if p.s.cfg.OnFinish != nil {
+		policy := p.policy
+		if p.pol == nil {
+			policy = unknownPolicy // a name from the route, not from the configuration
+		}
+		p.s.cfg.OnFinish(Outcome{
+			Policy: policy, Decision: p.req.decision, Model: p.req.count.Model,
+			InputTokens: p.req.count.InputTokens, Reserved: p.reservedTokens(),
+			Output: int(p.st.output.Load()), Settled: actual, SettleOutcome: outcome,
+			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
+			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
+			Waited: p.req.waited, InDebt: inDebt,
+		})
+	}
+}
+
+// scheduleRenewal plans the renewal of the request's concurrency slots: a
+// response that runs longer than a slot's lease must keep its slot, or the
+// limit would admit more requests than it allows (S11).
+func (p *processor) scheduleRenewal() {
+	for _, sl := range p.st.res.Slots {
+		if half := sl.LeaseOrDefault() / 2; p.req.renewIn == 0 || half < p.req.renewIn {
+			p.req.renewIn = half
+		}
+	}
+	p.req.renewAt = p.s.cfg.Now().Add(p.req.renewIn)
+}
+
+// renewSlots renews the slots once half a lease has passed since admission
+// or the last renewal; between renewals it costs a clock read per chunk.
+func (p *processor) renewSlots() {
+	if p.req.renewIn == 0 || p.st.res == nil {
+		return
+	}
+	now := p.s.cfg.Now()
+	if now.Before(p.req.renewAt) {
+		return
+	}
+	p.req.renewAt = now.Add(p.req.renewIn)
+	r, ok := p.s.cfg.Store.(buckets.Renewer)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+	defer cancel()
+	if err := r.Renew(ctx, p.st.res); err != nil {
+		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease", "err", err)
+	}
+}
