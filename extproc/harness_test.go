@@ -274,6 +274,9 @@ type rig struct {
 	front    *httptest.Server
 	upstream *upstream
 	outcomes chan Outcome
+	// streams receives the context of every ext_proc stream the server
+	// opens: it is done when Envoy (the stand-in) has closed the stream.
+	streams chan context.Context
 }
 
 type rigOptions struct {
@@ -299,7 +302,8 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	if u == nil {
 		u = &upstream{}
 	}
-	r := &rig{store: newRecordingStore(o.store), counter: &fakeCounter{input: 10, allowance: 100}, upstream: u, outcomes: make(chan Outcome, 1024)}
+	r := &rig{store: newRecordingStore(o.store), counter: &fakeCounter{input: 10, allowance: 100}, upstream: u,
+		outcomes: make(chan Outcome, 1024), streams: make(chan context.Context, 1024)}
 	if o.policies == nil {
 		o.policies = []Policy{{Name: "default", InjectUsage: true, Buckets: []BucketRule{{Name: "global", Limit: buckets.Limit{Capacity: 10000, Rate: 100}}}}}
 	}
@@ -314,7 +318,10 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		t.Fatal(err)
 	}
 	r.srv = srv
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		r.streams <- ss.Context()
+		return h(srv, ss)
+	}))
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -398,6 +405,23 @@ func (r *rig) outcome(t *testing.T) Outcome {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no request finished within 5s")
 		return Outcome{}
+	}
+}
+
+// streamGone waits until the n-th ext_proc stream (counted from 1 since
+// the last call) has been closed by the stand-in: the client is gone.
+func (r *rig) streamGone(t *testing.T) {
+	t.Helper()
+	var ctx context.Context
+	select {
+	case ctx = <-r.streams:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ext_proc stream opened within 5s")
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ext_proc stream stayed open 5s after the client left")
 	}
 }
 

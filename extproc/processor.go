@@ -279,7 +279,12 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		}
 	}
 	defer leaveQueue()
-	d, err := p.s.cfg.Store.Reserve(p.ctx, req)
+	if p.ctx.Err() != nil {
+		return nil // the client left while its request was counted: nothing to reserve
+	}
+	ctx, cancel := p.storeCtx()
+	d, err := p.s.cfg.Store.Reserve(ctx, req)
+	cancel()
 	if d.Wait == 0 || !d.OK {
 		leaveQueue()
 	}
@@ -408,6 +413,15 @@ func (p *processor) reservedTokens() int {
 		return 0
 	}
 	return int(p.st.res.Cost) + p.st.extended
+}
+
+// storeCtx is the context of every store call that must finish whatever the
+// client does: a reservation or extension the store may already have
+// written is only known, and so settled, if its answer is read; and a
+// client's cancellation must never look like a store failure (S21). The
+// call is bounded by SettleTimeout instead.
+func (p *processor) storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
 }
 
 // logAt logs with the request's policy and id, building nothing when the

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -97,7 +96,7 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 		if mine.After(until) {
 			until = mine
 		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+		ctx, cancel := p.storeCtx()
 		defer cancel()
 		for _, b := range p.st.res.Buckets {
 			for _, k := range keys {
@@ -280,7 +279,9 @@ func (p *processor) overBudget(n int) bool {
 	}
 	need := n - p.req.allowance - p.st.extended
 	batch := max(need, extendBatch)
-	ok, err := p.s.cfg.Store.Extend(p.ctx, p.st.res, float64(batch))
+	ctx, cancel := p.storeCtx()
+	defer cancel()
+	ok, err := p.s.cfg.Store.Extend(ctx, p.st.res, float64(batch))
 	if err != nil {
 		// The store is unreachable: a stream is not cut for the store's
 		// sake; settlement charges what was counted.
@@ -291,7 +292,7 @@ func (p *processor) overBudget(n int) bool {
 		// Retry with just what this event needs, so a nearly empty bucket
 		// still delivers its last tokens.
 		batch = need
-		ok, err = p.s.cfg.Store.Extend(p.ctx, p.st.res, float64(batch))
+		ok, err = p.s.cfg.Store.Extend(ctx, p.st.res, float64(batch))
 		if err != nil {
 			p.logAt(slog.LevelWarn, "cannot extend hard budget", "err", err)
 			return false

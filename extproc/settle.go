@@ -70,7 +70,7 @@ func (p *processor) settle() {
 
 // settleStore calls the store; settleMu is held.
 func (p *processor) settleStore(actual int) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+	ctx, cancel := p.storeCtx()
 	defer cancel()
 	states, err := p.s.cfg.Store.Settle(ctx, p.st.res, float64(actual))
 	if err != nil {
@@ -170,7 +170,7 @@ func (p *processor) renewSlots() {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+	ctx, cancel := p.storeCtx()
 	defer cancel()
 	if err := r.Renew(ctx, p.st.res); err != nil {
 		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease", "err", err)
