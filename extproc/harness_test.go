@@ -102,10 +102,14 @@ type recordingStore struct {
 	reserved map[string]float64
 	settled  map[string][]float64 // by reservation ID: every Settle call
 	extended float64
-	errs     []error
-	paused   map[string]time.Time
-	renewals int
-	fail     atomic.Bool
+	// lateExtends counts Extend calls on a reservation already settled.
+	lateExtends int
+	errs        []error
+	// failExtend makes every Extend fail as an unreachable store does.
+	failExtend atomic.Bool
+	paused     map[string]time.Time
+	renewals   int
+	fail       atomic.Bool
 }
 
 // Renew implements buckets.Renewer when the inner store does, counting calls.
@@ -149,6 +153,14 @@ func (s *recordingStore) Reserve(ctx context.Context, req buckets.Request) (buck
 }
 
 func (s *recordingStore) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	s.mu.Lock()
+	if len(s.settled[r.ID]) > 0 {
+		s.lateExtends++
+	}
+	s.mu.Unlock()
+	if s.failExtend.Load() {
+		return false, fmt.Errorf("%w: connection refused", buckets.ErrStore)
+	}
 	ok, err := s.inner.Extend(ctx, r, n)
 	s.mu.Lock()
 	if ok {
@@ -201,6 +213,9 @@ type upstream struct {
 	Header      map[string]string
 	Chunks      [][]byte
 	Hang        bool
+	// Pause, when set, holds the response after its first chunk until it
+	// is closed.
+	Pause chan struct{}
 
 	mu        sync.Mutex
 	bodies    []string
@@ -231,12 +246,20 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(status)
 	f := w.(http.Flusher)
-	for _, c := range u.Chunks {
+	for i, c := range u.Chunks {
 		if _, err := w.Write(c); err != nil {
 			u.cancelled.Add(1)
 			return
 		}
 		f.Flush()
+		if i == 0 && u.Pause != nil {
+			select {
+			case <-u.Pause:
+			case <-r.Context().Done():
+				u.cancelled.Add(1)
+				return
+			}
+		}
 	}
 	if u.Hang {
 		select {

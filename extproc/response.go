@@ -269,7 +269,14 @@ func (p *processor) observeAfterCut(ev []byte) {
 
 // overBudget reports whether n output tokens exceed a hard budget: the
 // policy's per-request cap (no store call) or a hard bucket, debited with
-// Extend in batches only beyond what was reserved.
+// Extend in batches only beyond what was reserved (S14).
+//
+// Extensions and settlement exclude each other: once the reservation is
+// settled (Shutdown settles open streams) nothing backs more output, and an
+// extension then would debit tokens that no settlement gives back, so the
+// stream is cut instead. A store error cuts too: failing closed, a hard
+// budget the store cannot confirm is spent (S21); failing open, the
+// failover store answers for the store itself.
 func (p *processor) overBudget(n int) bool {
 	if m := p.pol.MaxOutputTokens; m > 0 && n > m {
 		return true
@@ -277,32 +284,30 @@ func (p *processor) overBudget(n int) bool {
 	if !p.req.hard || n <= p.req.allowance+p.st.extended {
 		return false
 	}
-	need := n - p.req.allowance - p.st.extended
-	batch := max(need, extendBatch)
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled {
+		return true
+	}
 	ctx, cancel := p.storeCtx()
 	defer cancel()
+	need := n - p.req.allowance - p.st.extended
+	batch := max(need, extendBatch)
 	ok, err := p.s.cfg.Store.Extend(ctx, p.st.res, float64(batch))
-	if err != nil {
-		// The store is unreachable: a stream is not cut for the store's
-		// sake; settlement charges what was counted.
-		p.logAt(slog.LevelWarn, "cannot extend hard budget", "err", err)
-		return false
-	}
-	if !ok && batch > need {
+	if err == nil && !ok && batch > need {
 		// Retry with just what this event needs, so a nearly empty bucket
 		// still delivers its last tokens.
 		batch = need
 		ok, err = p.s.cfg.Store.Extend(ctx, p.st.res, float64(batch))
-		if err != nil {
-			p.logAt(slog.LevelWarn, "cannot extend hard budget", "err", err)
-			return false
-		}
 	}
-	if !ok {
+	if err != nil {
+		p.logAt(slog.LevelWarn, "cannot extend hard budget: stream cut off", "err", err)
 		return true
 	}
-	p.st.extended += batch
-	return false
+	if ok {
+		p.st.extended += batch
+	}
+	return !ok
 }
 
 // cutOff ends the stream now (S14): the tail is dropped, the closing events
