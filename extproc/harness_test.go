@@ -46,6 +46,7 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 		Model         string `json:"model"`
 		Stream        bool   `json:"stream"`
 		MaxTokens     *int   `json:"max_tokens"`
+		N             int    `json:"n"`
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
@@ -70,6 +71,10 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 			return tokenizer.Count{}, fmt.Errorf("%w: %d", tokenizer.ErrInvalidCap, *body.MaxTokens)
 		}
 		c.OutputCap, c.OutputAllowance, c.AllowanceSource = *body.MaxTokens, *body.MaxTokens, tokenizer.FromRequest
+	}
+	if body.N > 1 {
+		c.Choices = body.N
+		c.OutputAllowance *= body.N
 	}
 	c.IncludeUsage = body.StreamOptions != nil && body.StreamOptions.IncludeUsage
 	return c, nil

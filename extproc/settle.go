@@ -57,15 +57,24 @@ func (p *processor) settle() {
 	p.st.settled = true
 	p.st.actual, p.st.outcome = p.settlement()
 	p.settleStore(p.st.actual)
-	if p.st.outcome == "complete" && p.resp.status == 200 && p.req.count.Model != "" {
-		out := int(p.st.output.Load())
-		if p.resp.usageOK {
-			out = p.resp.usage.OutputTokens
-		}
-		if p.resp.usageOK || p.resp.sse {
-			p.s.cfg.counter.Observe(p.policy, p.req.count.Model, out)
-		}
+	p.learn()
+}
+
+// learn feeds the output of a complete answer back to the learned estimate
+// (S7), per choice: the estimate is multiplied by the choices of the
+// request that uses it.
+func (p *processor) learn() {
+	if p.st.outcome != "complete" || p.resp.status != 200 || p.req.count.Model == "" {
+		return
 	}
+	out := int(p.st.output.Load())
+	switch {
+	case p.resp.usageOK:
+		out = p.resp.usage.OutputTokens
+	case !p.resp.sse:
+		return // no usage, nothing counted: nothing learned
+	}
+	p.s.cfg.counter.Observe(p.policy, p.req.count.Model, out/max(1, p.req.count.Choices))
 }
 
 // settleStore calls the store; settleMu is held.

@@ -210,3 +210,21 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// S7: the learned output estimate is per choice: a request with n choices
+// reports the output of all of them, and the estimate is multiplied by n
+// again when the next request asks for n choices.
+func TestLearnedEstimateRecordsPerChoiceOutput(t *testing.T) {
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte(
+		`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":30,"total_tokens":40}}`)}}
+	r := newRig(t, u, rigOptions{})
+	r.post(t, chatPath, `{"model":"m","n":3,"messages":[]}`, nil)
+	if o := r.outcome(t); o.Settled != 40 {
+		t.Fatalf("outcome %+v, want the reported 40 settled", o)
+	}
+	r.counter.mu.Lock()
+	defer r.counter.mu.Unlock()
+	if diff := cmp.Diff([]int{10}, r.counter.observed); diff != "" {
+		t.Errorf("observed output per request (-want +got):\n%s", diff)
+	}
+}
