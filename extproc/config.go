@@ -36,6 +36,16 @@ type Config struct {
 	// MaxBodyBytes bounds a request body gathered from several messages and
 	// a non-streamed response body kept to read its usage. Default 8 MiB.
 	MaxBodyBytes int
+	// UsageMargin and UsageSlack bound the usage a provider may report for
+	// a request: a prompt of at most the counted prompt × UsageMargin +
+	// UsageSlack; an output of at most the request's output cap (all
+	// choices, extensions included) + UsageSlack, or, without a cap, the
+	// larger of the output allowance and the live count × UsageMargin +
+	// UsageSlack. Beyond it the bound is settled (Outcome.UsageClamped), so
+	// that a hostile or broken upstream cannot drive shared buckets to their
+	// floor. Defaults 4 and 4096.
+	UsageMargin float64
+	UsageSlack  int
 	// Logger receives request-scoped logs. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock for waits and response headers. Default time.Now.
@@ -79,6 +89,10 @@ type Outcome struct {
 	Waited time.Duration
 	// InDebt names the buckets that settlement left below zero (S9).
 	InDebt []string
+	// UsageClamped is true when the provider reported more usage than the
+	// request makes plausible and the bound was settled instead (see
+	// Config.UsageMargin).
+	UsageClamped bool
 }
 
 // Policy is one named set of limits: how identities are found, the chain of
@@ -154,6 +168,12 @@ type ConcurrencyRule struct {
 	Lease time.Duration // how long a slot lives if never released; default 10m
 }
 
+// Defaults of Config.UsageMargin and Config.UsageSlack.
+const (
+	defaultUsageMargin = 4
+	defaultUsageSlack  = 4096
+)
+
 // unknownPolicy stands in Outcome.Policy for a policy name that the route
 // sent but the configuration does not define.
 const unknownPolicy = "unknown"
@@ -189,6 +209,12 @@ func (c *Config) normalize() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		bad("MaxBodyBytes", "must not be negative, got %d", c.MaxBodyBytes)
+	}
+	if c.UsageMargin == 0 {
+		c.UsageMargin = defaultUsageMargin
+	}
+	if c.UsageSlack == 0 {
+		c.UsageSlack = defaultUsageSlack
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

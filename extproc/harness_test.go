@@ -62,6 +62,8 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 		c.API = tokenizer.Completions
 	case strings.HasSuffix(r.Path, "/messages"):
 		c.API = tokenizer.Messages
+	case strings.HasSuffix(r.Path, ":streamGenerateContent?alt=sse"):
+		c.API = tokenizer.Gemini
 	default:
 		return tokenizer.Count{}, fmt.Errorf("%w: path %q", tokenizer.ErrUnknownAPI, r.Path)
 	}
@@ -434,6 +436,22 @@ func (r *rig) outcome(t *testing.T) Outcome {
 		t.Fatal("no request finished within 5s")
 		return Outcome{}
 	}
+}
+
+// level reads the level of the bucket of rule r at key from the rig's store.
+func (r *rig) level(t *testing.T, rule BucketRule, key string) float64 {
+	t.Helper()
+	b := buckets.Bucket{Name: rule.Name, Key: key, Limit: rule.Limit, Hard: rule.Hard}
+	d, err := r.store.inner.Reserve(context.Background(), buckets.Request{Buckets: []buckets.Bucket{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.OK {
+		if _, err := r.store.inner.Settle(context.Background(), d.Reservation, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d.Buckets[0].Remaining
 }
 
 // streamGone waits until the n-th ext_proc stream (counted from 1 since

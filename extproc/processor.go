@@ -111,6 +111,7 @@ type settlement struct {
 	actual   int
 	outcome  string
 	inDebt   []string // buckets settlement left below zero
+	clamped  bool     // reported usage beyond the plausible was bounded
 	input    atomic.Int64
 	output   atomic.Int64
 }
@@ -400,8 +401,7 @@ func (p *processor) metadata(final bool) *structpb.Struct {
 		"decision":        structpb.NewStringValue(p.req.decision),
 	}
 	if final {
-		a, _ := p.settlement()
-		fields["settled_tokens"] = structpb.NewNumberValue(float64(a))
+		fields["settled_tokens"] = structpb.NewNumberValue(float64(p.settlement().actual))
 	}
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
 		p.s.cfg.Namespace: structpb.NewStructValue(&structpb.Struct{Fields: fields}),

@@ -5,33 +5,50 @@ import (
 	"log/slog"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/extproc/provider"
 )
+
+// charge is what settling a request charges, and why.
+type charge struct {
+	actual  int
+	outcome string // complete, aborted, cut_off, upstream_error, no_response
+	// reported is the provider's usage when it was beyond what the request
+	// makes plausible and bound was charged instead.
+	reported, bound provider.Usage
+	clamped         bool
+}
 
 // settlement is what the request costs, and why (S8):
 //   - cut off: the prompt and every output token counted (what was
-//     delivered plus the event in flight the upstream generated);
+//     delivered plus the event in flight the upstream generated); in
+//     STREAMED mode the upstream runs to its end, so its usage if reported;
 //   - no response seen (upstream connect failure, client gone before the
 //     answer): nothing; the provider bills no request it never answered;
 //   - upstream error status: the provider's usage if it reported any, else
 //     nothing;
-//   - provider usage reported: that, authoritative;
+//   - provider usage reported: that, authoritative at the end of the stream;
+//     a stream that ended without its end charges the larger of the usage
+//     reported so far and the live count;
 //   - streamed: the prompt and the live output count, ended or aborted;
 //   - not streamed and no usage reported: the reservation stands.
-func (p *processor) settlement() (int, string) {
-	in := p.req.count.InputTokens
+//
+// Reported usage is bounded by what the request makes plausible (see
+// Config.UsageMargin).
+func (p *processor) settlement() charge {
+	in, live := p.req.count.InputTokens, int(p.st.output.Load())
 	switch {
 	case p.resp.cut:
 		if p.resp.usageOK && p.resp.usage.Total() > 0 && !p.duplex() {
-			return p.resp.usage.Total(), "cut_off"
+			return p.usageCharge(p.resp.usage, "cut_off")
 		}
-		return in + int(p.st.output.Load()), "cut_off"
+		return charge{actual: in + live, outcome: "cut_off"}
 	case p.resp.status == 0:
-		return 0, "no_response"
+		return charge{outcome: "no_response"}
 	case p.resp.status >= 400:
 		if p.resp.usageOK {
-			return p.resp.usage.Total(), "upstream_error"
+			return p.usageCharge(p.resp.usage, "upstream_error")
 		}
-		return 0, "upstream_error"
+		return charge{outcome: "upstream_error"}
 	}
 	outcome := "complete"
 	if !p.resp.eosSeen {
@@ -39,11 +56,52 @@ func (p *processor) settlement() (int, string) {
 	}
 	switch {
 	case p.resp.usageOK:
-		return p.resp.usage.Total(), outcome
+		u := p.resp.usage
+		if !p.resp.eosSeen {
+			// Usage seen before the end is a running figure: Anthropic's
+			// message_start reports output_tokens 1, Gemini's
+			// usageMetadata lags. What was counted was generated.
+			u.OutputTokens = max(u.OutputTokens, live)
+			if u.InputTokens == 0 {
+				u.InputTokens = in
+			}
+		}
+		return p.usageCharge(u, outcome)
 	case p.resp.sse:
-		return in + int(p.st.output.Load()), outcome
+		return charge{actual: in + live, outcome: outcome}
 	}
-	return p.reservedTokens(), outcome
+	return charge{actual: p.reservedTokens(), outcome: outcome}
+}
+
+// usageCharge charges reported usage, bounded by what the request makes
+// plausible: the provider knows best what it billed, but not more than the
+// request could have cost, or one broken or hostile answer would drive the
+// shared buckets to their floor.
+func (p *processor) usageCharge(u provider.Usage, outcome string) charge {
+	cfg := &p.s.cfg
+	c := p.req.count
+	bound := provider.Usage{InputTokens: scaled(c.InputTokens, cfg.UsageMargin, cfg.UsageSlack)}
+	spent := p.req.allowance + p.st.extended
+	if c.OutputCap > 0 {
+		bound.OutputTokens = max(c.OutputCap*max(1, c.Choices), spent) + cfg.UsageSlack
+	} else {
+		bound.OutputTokens = scaled(max(spent, int(p.st.output.Load())), cfg.UsageMargin, cfg.UsageSlack)
+	}
+	ch := charge{outcome: outcome, reported: u, bound: bound}
+	if u.InputTokens > bound.InputTokens {
+		u.InputTokens, ch.clamped = bound.InputTokens, true
+	}
+	if u.OutputTokens > bound.OutputTokens {
+		u.OutputTokens, ch.clamped = bound.OutputTokens, true
+	}
+	ch.actual = u.Total()
+	return ch
+}
+
+// scaled is n × margin + slack, saturating at a count no request reaches.
+func scaled(n int, margin float64, slack int) int {
+	const most = 1 << 40
+	return int(min(float64(n)*margin+float64(slack), most))
 }
 
 // settle settles the reservation exactly once, under a context that is not
@@ -55,7 +113,13 @@ func (p *processor) settle() {
 		return
 	}
 	p.st.settled = true
-	p.st.actual, p.st.outcome = p.settlement()
+	c := p.settlement()
+	p.st.actual, p.st.outcome, p.st.clamped = c.actual, c.outcome, c.clamped
+	if c.clamped {
+		p.logAt(slog.LevelWarn, "implausible usage reported: the bound is settled instead",
+			"reported_input", c.reported.InputTokens, "reported_output", c.reported.OutputTokens,
+			"bound_input", c.bound.InputTokens, "bound_output", c.bound.OutputTokens)
+	}
 	p.settleStore(p.st.actual)
 	p.learn()
 }
@@ -69,6 +133,8 @@ func (p *processor) learn() {
 	}
 	out := int(p.st.output.Load())
 	switch {
+	case p.st.clamped:
+		return // an answer beyond the plausible teaches nothing
 	case p.resp.usageOK:
 		out = p.resp.usage.OutputTokens
 	case !p.resp.sse:
@@ -114,7 +180,7 @@ func (p *processor) finish() {
 	p.releaseFramer()
 	p.settle()
 	p.st.mu.Lock()
-	actual, outcome, settled, inDebt := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt
+	actual, outcome, settled, inDebt, clamped := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.clamped
 	p.st.mu.Unlock()
 	level := slog.LevelInfo
 	if p.req.decision == "admitted" && outcome == "complete" || p.req.decision == "unmetered" {
@@ -147,7 +213,7 @@ func (p *processor) finish() {
 			Output: int(p.st.output.Load()), Settled: actual, SettleOutcome: outcome,
 			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
 			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
-			Waited: p.req.waited, InDebt: inDebt,
+			Waited: p.req.waited, InDebt: inDebt, UsageClamped: clamped,
 		})
 	}
 }
