@@ -31,8 +31,16 @@ type Config struct {
 	// Namespace is the Envoy dynamic metadata namespace the token counts
 	// are written under (S24). Default "tokengate".
 	Namespace string
-	// SettleTimeout bounds each settlement's store call. Default 2s.
+	// SettleTimeout bounds each settlement's store call, and each renewal
+	// and pause. Default 2s.
 	SettleTimeout time.Duration
+	// StoreTimeout bounds each Reserve and Extend. They run on a context of
+	// their own, not the client's: a reservation the store may have written
+	// must be known to be settled, and a client's cancellation is never a
+	// store failure. Set it above the store's own timeouts (Redis's dial
+	// and read timeouts), which decide when the store counts as down.
+	// Default 30s.
+	StoreTimeout time.Duration
 	// MaxBodyBytes bounds a request body gathered from several messages and
 	// a non-streamed response body kept to read its usage. Default 8 MiB.
 	MaxBodyBytes int
@@ -203,6 +211,9 @@ func (c *Config) normalize() error {
 	}
 	if c.SettleTimeout < 0 {
 		bad("SettleTimeout", "must not be negative, got %v", c.SettleTimeout)
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = 30 * time.Second
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 8 << 20

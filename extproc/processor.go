@@ -283,7 +283,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	if p.ctx.Err() != nil {
 		return nil // the client left while its request was counted: nothing to reserve
 	}
-	ctx, cancel := p.storeCtx()
+	ctx, cancel := p.storeCtx(p.s.cfg.StoreTimeout)
 	d, err := p.s.cfg.Store.Reserve(ctx, req)
 	cancel()
 	if d.Wait == 0 || !d.OK {
@@ -418,10 +418,12 @@ func (p *processor) reservedTokens() int {
 // storeCtx is the context of every store call that must finish whatever the
 // client does: a reservation or extension the store may already have
 // written is only known, and so settled, if its answer is read; and a
-// client's cancellation must never look like a store failure (S21). The
-// call is bounded by SettleTimeout instead.
-func (p *processor) storeCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+// client's cancellation must never look like a store failure (S21).
+// Reserve and Extend are bounded by StoreTimeout, a safety net above the
+// store's own timeouts (the failover store decides what a slow store
+// means); settlement, renewals and pauses by SettleTimeout.
+func (p *processor) storeCtx(timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(p.ctx), timeout)
 }
 
 // logAt logs with the request's policy and id, building nothing when the

@@ -96,7 +96,7 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 		if mine.After(until) {
 			until = mine
 		}
-		ctx, cancel := p.storeCtx()
+		ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
 		defer cancel()
 		for _, b := range p.st.res.Buckets {
 			for _, k := range keys {
@@ -289,7 +289,7 @@ func (p *processor) overBudget(n int) bool {
 	if p.st.settled {
 		return true
 	}
-	ctx, cancel := p.storeCtx()
+	ctx, cancel := p.storeCtx(p.s.cfg.StoreTimeout)
 	defer cancel()
 	need := n - p.req.allowance - p.st.extended
 	batch := max(need, extendBatch)

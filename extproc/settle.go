@@ -145,7 +145,7 @@ func (p *processor) learn() {
 
 // settleStore calls the store; settleMu is held.
 func (p *processor) settleStore(actual int) {
-	ctx, cancel := p.storeCtx()
+	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
 	defer cancel()
 	states, err := p.s.cfg.Store.Settle(ctx, p.st.res, float64(actual))
 	if err != nil {
@@ -245,7 +245,7 @@ func (p *processor) renewSlots() {
 	if !ok {
 		return
 	}
-	ctx, cancel := p.storeCtx()
+	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
 	defer cancel()
 	if err := r.Renew(ctx, p.st.res); err != nil {
 		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease", "err", err)
