@@ -346,7 +346,7 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	g.srv = srv
 	// As the tokengate command: a BUFFERED request body travels as one
 	// message, larger than gRPC's default limit.
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.StreamInterceptor(markStreams))
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -401,6 +401,24 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 		conn.Close()
 	})
 	return g
+}
+
+// streamKey is the context key under which markStreams keeps each
+// ext_proc stream's own context: a test's store can wait on it to know that
+// the client has gone, whatever context the server hands the store.
+type streamKey struct{}
+
+type markedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s markedStream) Context() context.Context { return s.ctx }
+
+// markStreams is a gRPC stream interceptor that puts each stream's context
+// into the stream's context under streamKey.
+func markStreams(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	return h(srv, markedStream{ss, context.WithValue(ss.Context(), streamKey{}, ss.Context())})
 }
 
 // exchange is what a client saw of one request.
