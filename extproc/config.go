@@ -60,6 +60,9 @@ type Config struct {
 	Now func() time.Time
 	// counter is what counting goes through: Counter, or a fake in tests.
 	counter tokenCounter
+	// afterFunc starts the timers that renew concurrency slots:
+	// time.AfterFunc, or a fake clock's in tests.
+	afterFunc func(time.Duration, func()) stopper
 
 	// OnFinish, when set, is called once per request when its stream ends,
 	// on the stream's goroutine, with what happened to it (for metrics).
@@ -233,6 +236,9 @@ func (c *Config) normalize() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.afterFunc == nil {
+		c.afterFunc = func(d time.Duration, f func()) stopper { return time.AfterFunc(d, f) }
+	}
 	if c.Store == nil {
 		bad("Store", "is required")
 	}
@@ -369,6 +375,9 @@ type tokenCounter interface {
 	NewLive(encoding string) liveCounter
 	Observe(policy, model string, completionTokens int)
 }
+
+// stopper stops a timer; *time.Timer is one.
+type stopper interface{ Stop() bool }
 
 // liveCounter counts streamed output text incrementally (S13).
 type liveCounter interface {

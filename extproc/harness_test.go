@@ -325,6 +325,7 @@ type rigOptions struct {
 	bufferLimit   int
 	logger        *slog.Logger
 	now           func() time.Time // the server's clock; default time.Now
+	clock         *fakeClock       // the server's clock and timers; overrides now
 }
 
 func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
@@ -342,7 +343,13 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		Store: r.store, Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
 		OnFinish: func(oc Outcome) { r.outcomes <- oc },
 		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
-		Now:      o.now,
+		Now:      clockNow(o.clock, o.now),
+		afterFunc: func() func(time.Duration, func()) stopper {
+			if o.clock == nil {
+				return nil
+			}
+			return o.clock.afterFunc
+		}(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -514,6 +521,92 @@ func headersOf(kv ...string) *corev3.HeaderMap {
 		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
 	}
 	return hm
+}
+
+// clockNow is c's clock, or now without c.
+func clockNow(c *fakeClock, now func() time.Time) func() time.Time {
+	if c == nil {
+		return now
+	}
+	return c.now
+}
+
+// fakeClock is a clock whose time moves only when the test advances it,
+// firing the timers that fall due, on the test's goroutine. Safe for
+// concurrent use.
+type fakeClock struct {
+	mu     sync.Mutex
+	t      time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	c       *fakeClock
+	at      time.Time
+	f       func()
+	stopped bool
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_000_000, 0)} }
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) afterFunc(d time.Duration, f func()) stopper {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tm := &fakeTimer{c: c, at: c.t.Add(d), f: f}
+	c.timers = append(c.timers, tm)
+	return tm
+}
+
+func (tm *fakeTimer) Stop() bool {
+	tm.c.mu.Lock()
+	defer tm.c.mu.Unlock()
+	was := !tm.stopped
+	tm.stopped = true
+	return was
+}
+
+// pending is the number of timers not yet fired or stopped.
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, tm := range c.timers {
+		if !tm.stopped {
+			n++
+		}
+	}
+	return n
+}
+
+// advance moves the clock on by d and runs every timer due by then.
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		var due *fakeTimer
+		for _, tm := range c.timers {
+			if !tm.stopped && !tm.at.After(c.t) {
+				due = tm
+				break
+			}
+		}
+		if due != nil {
+			due.stopped = true
+		}
+		c.mu.Unlock()
+		if due == nil {
+			return
+		}
+		due.f()
+	}
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

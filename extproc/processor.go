@@ -74,8 +74,6 @@ type request struct {
 	states    []buckets.BucketState
 	decision  string // admitted, unmetered, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
 	waited    time.Duration
-	renewAt   time.Time     // when the concurrency slots are renewed next
-	renewIn   time.Duration // half the shortest slot lease; 0 without slots
 }
 
 // response is what the response phase follows: the upstream's status and
@@ -110,8 +108,10 @@ type settlement struct {
 	settled  bool
 	actual   int
 	outcome  string
-	inDebt   []string // buckets settlement left below zero
-	clamped  bool     // reported usage beyond the plausible was bounded
+	inDebt   []string      // buckets settlement left below zero
+	clamped  bool          // reported usage beyond the plausible was bounded
+	renewIn  time.Duration // half the shortest slot lease; 0 without slots
+	renewal  stopper       // the next renewal of the slots, nil when none
 	input    atomic.Int64
 	output   atomic.Int64
 }
@@ -309,9 +309,9 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	}
 	p.st.mu.Lock()
 	p.st.res = d.Reservation
+	p.startRenewal()
 	p.st.mu.Unlock()
 	p.req.decision = "admitted"
-	p.scheduleRenewal()
 	if d.Wait > 0 {
 		p.req.waited = d.Wait
 		// Envoy's per-message timer (200 ms by default) would answer 504

@@ -121,7 +121,6 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	chunk, eos := b.GetBody(), b.GetEndOfStream()
 	p.resp.answers++
-	p.renewSlots()
 	if !p.resp.sse {
 		if p.st.res != nil && !p.resp.eosSeen && len(p.resp.body)+len(chunk) <= p.s.cfg.MaxBodyBytes {
 			p.resp.body = append(p.resp.body, chunk...)

@@ -113,6 +113,7 @@ func (p *processor) settle() {
 		return
 	}
 	p.st.settled = true
+	p.stopRenewal()
 	c := p.settlement()
 	p.st.actual, p.st.outcome, p.st.clamped = c.actual, c.outcome, c.clamped
 	if c.clamped {
@@ -167,6 +168,7 @@ func (p *processor) abandon() {
 		return
 	}
 	p.st.settled = true
+	p.stopRenewal()
 	p.st.actual = int(p.st.input.Load() + p.st.output.Load())
 	p.st.outcome = "shutdown"
 	p.settleStore(p.st.actual)
@@ -218,36 +220,46 @@ func (p *processor) finish() {
 	}
 }
 
-// scheduleRenewal plans the renewal of the request's concurrency slots: a
-// response that runs longer than a slot's lease must keep its slot, or the
-// limit would admit more requests than it allows (S11).
-func (p *processor) scheduleRenewal() {
+// startRenewal starts renewing the request's concurrency slots on a timer,
+// every half of the shortest lease, until settlement: a request that stays
+// open longer than a slot's lease — a long stream, or a slow answer that
+// sends nothing for minutes — must keep its slot, or the limit would admit
+// more requests than it allows (S11).
+func (p *processor) startRenewal() {
+	if _, ok := p.s.cfg.Store.(buckets.Renewer); !ok {
+		return
+	}
 	for _, sl := range p.st.res.Slots {
-		if half := sl.LeaseOrDefault() / 2; p.req.renewIn == 0 || half < p.req.renewIn {
-			p.req.renewIn = half
+		if half := sl.LeaseOrDefault() / 2; p.st.renewIn == 0 || half < p.st.renewIn {
+			p.st.renewIn = half
 		}
 	}
-	p.req.renewAt = p.s.cfg.Now().Add(p.req.renewIn)
+	if p.st.renewIn > 0 {
+		p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
+	}
 }
 
-// renewSlots renews the slots once half a lease has passed since admission
-// or the last renewal; between renewals it costs a clock read per chunk.
-func (p *processor) renewSlots() {
-	if p.req.renewIn == 0 || p.st.res == nil {
-		return
-	}
-	now := p.s.cfg.Now()
-	if now.Before(p.req.renewAt) {
-		return
-	}
-	p.req.renewAt = now.Add(p.req.renewIn)
-	r, ok := p.s.cfg.Store.(buckets.Renewer)
-	if !ok {
+// renew renews the slots from the renewal timer, unless the reservation
+// is settled meanwhile, and sets the next timer.
+func (p *processor) renew() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled {
 		return
 	}
 	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
 	defer cancel()
-	if err := r.Renew(ctx, p.st.res); err != nil {
-		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease", "err", err)
+	if err := p.s.cfg.Store.(buckets.Renewer).Renew(ctx, p.st.res); err != nil {
+		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease unless the next renewal succeeds", "err", err)
+	}
+	p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
+}
+
+// stopRenewal stops the renewal timer; st.mu is held and the reservation
+// settled.
+func (p *processor) stopRenewal() {
+	if p.st.renewal != nil {
+		p.st.renewal.Stop()
+		p.st.renewal = nil
 	}
 }
