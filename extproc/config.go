@@ -124,8 +124,8 @@ type Policy struct {
 	// MaxWait lets a request short of tokens wait up to this long (S12);
 	// zero refuses at once.
 	MaxWait time.Duration
-	// MaxQueue bounds how many requests of this policy wait at once (S12).
-	// Zero with a positive MaxWait means no bound beyond MaxWait.
+	// MaxQueue bounds how many requests of this policy wait at once on
+	// this gateway (S12); zero lets none wait, whatever MaxWait says.
 	MaxQueue int
 	// MaxOutputTokens is a hard per-request output cap (S14); 0 = none.
 	MaxOutputTokens int

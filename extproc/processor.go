@@ -257,26 +257,14 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	for _, r := range p.pol.Concurrency {
 		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
 	}
-	// A request that may wait takes a place in the policy's queue before it
-	// asks the store, so MaxQueue is exact however many decide at once; the
-	// place is given back as soon as it is clear the request does not wait.
-	queue := p.s.waiting[p.policy]
-	holdsPlace := false
-	if p.pol.MaxWait > 0 {
-		switch {
-		case p.pol.MaxQueue == 0:
-			req.MaxWait = p.pol.MaxWait
-		case queue.Add(1) <= int64(p.pol.MaxQueue):
-			holdsPlace = true
-			req.MaxWait = p.pol.MaxWait
-		default:
-			queue.Add(-1)
-		}
+	queue, waits := p.s.queues[p.policy], false
+	if p.pol.MaxWait > 0 && queue.enter() {
+		waits, req.MaxWait = true, p.pol.MaxWait
 	}
 	leaveQueue := func() {
-		if holdsPlace {
-			holdsPlace = false
-			queue.Add(-1)
+		if waits {
+			waits = false
+			queue.leave()
 		}
 	}
 	defer leaveQueue()

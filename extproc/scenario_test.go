@@ -560,7 +560,7 @@ func TestWaitingQueueBounded(t *testing.T) {
 		done <- resp.StatusCode
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for r.srv.waiting["p"].Load() == 0 {
+	for r.srv.queues["p"].waiting.Load() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the second request never waited")
 		}
@@ -807,5 +807,21 @@ func TestLongStreamRenewsSlots(t *testing.T) {
 		if n := clk.pending(); n != 0 {
 			t.Errorf("%d renewal timers left after settlement", n)
 		}
+	}
+}
+
+// S12: MaxQueue bounds the requests that wait; zero lets none wait, whatever
+// MaxWait says: a request short of tokens is refused at once.
+func TestMaxQueueZeroMeansNoneWait(t *testing.T) {
+	pol := Policy{Name: "p", MaxWait: 5 * time.Second, MaxQueue: 0,
+		Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 100, Rate: 100}}}}
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, maxMsgTimeout: 10 * time.Second})
+	body := `{"model":"m","max_tokens":80,"messages":[]}`
+	if resp, _ := r.post(t, chatPath, body, nil); resp.StatusCode != 200 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	if resp, _ := r.post(t, chatPath, body, nil); resp.StatusCode != 429 {
+		t.Errorf("second, short of tokens, with MaxQueue 0: %d, want 429 at once", resp.StatusCode)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -26,8 +25,8 @@ type Server struct {
 
 	cfg      Config
 	policies map[string]*Policy
-	waiting  map[string]*atomic.Int64 // requests waiting per policy (S12)
-	pauses   sync.Map                 // bucket key → time.Time: provider pauses seen here (S18)
+	queues   map[string]*waitQueue // requests waiting per policy (S12)
+	pauses   sync.Map              // bucket key → time.Time: provider pauses seen here (S18)
 
 	mu      sync.Mutex
 	closing bool
@@ -51,13 +50,13 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		policies: make(map[string]*Policy, len(cfg.Policies)),
-		waiting:  make(map[string]*atomic.Int64, len(cfg.Policies)),
+		queues:   make(map[string]*waitQueue, len(cfg.Policies)),
 		open:     map[*processor]struct{}{},
 	}
 	for i := range s.cfg.Policies {
 		p := &s.cfg.Policies[i]
 		s.policies[p.Name] = p
-		s.waiting[p.Name] = new(atomic.Int64)
+		s.queues[p.Name] = &waitQueue{max: int64(p.MaxQueue)}
 	}
 	return s, nil
 }
