@@ -147,7 +147,7 @@ func TestClientGoneMidExtendLeaksNothing(t *testing.T) {
 		t.Errorf("outcome %+v, want aborted, charged the prompt and at least the 6 tokens counted", o)
 	}
 	r.store.settlements(t)
-	b := buckets.Bucket{Name: team.Name, Key: bucketKey("p", team.Name, globalIdentity), Limit: team.Limit, Hard: true}
+	b := buckets.Bucket{Name: team.Name, Key: bucketKey("p", team.Name, globalPart), Limit: team.Limit, Hard: true}
 	d, err := gs.Store.Reserve(context.Background(), buckets.Request{Buckets: []buckets.Bucket{b}})
 	if err != nil {
 		t.Fatal(err)

@@ -107,6 +107,7 @@ type recordingStore struct {
 
 	mu       sync.Mutex
 	reserved map[string]float64
+	keys     []string             // every bucket key a reservation used
 	settled  map[string][]float64 // by reservation ID: every Settle call
 	extended float64
 	// lateExtends counts Extend calls on a reservation already settled.
@@ -154,6 +155,9 @@ func (s *recordingStore) Reserve(ctx context.Context, req buckets.Request) (buck
 	if err == nil && d.OK {
 		s.mu.Lock()
 		s.reserved[d.Reservation.ID] = d.Reservation.Cost
+		for _, b := range req.Buckets {
+			s.keys = append(s.keys, b.Key)
+		}
 		s.mu.Unlock()
 	}
 	return d, err
@@ -421,6 +425,28 @@ func (r *rig) post(t *testing.T, path, body string, hdr map[string]string) (*htt
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
+	resp, err := r.front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	return resp, string(b)
+}
+
+// postHeaders is post with every value of each header sent, in order, as
+// separate header lines.
+func (r *rig) postHeaders(t *testing.T, path, body string, hdr http.Header) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", r.front.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = hdr.Clone()
+	req.Header.Set("content-type", "application/json")
 	resp, err := r.front.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)

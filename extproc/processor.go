@@ -2,8 +2,6 @@ package extproc
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -167,10 +165,7 @@ func headerMap(hm *corev3.HeaderMap) map[string]string {
 func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) error {
 	hdr := headerMap(h.GetHeaders())
 	p.req.path = hdr[":path"]
-	p.req.id = hdr["x-request-id"]
-	if p.req.id == "" {
-		p.req.id = randomID()
-	}
+	p.req.id = logID(hdr["x-request-id"])
 	if p.pol.PriorityHeader != "" {
 		v := hdr[p.pol.PriorityHeader]
 		p.req.priority = v == "true" || v == "1"
@@ -178,15 +173,19 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 	md := req.GetMetadataContext().GetFilterMetadata()
 	p.req.ids = make(map[string]string, len(p.pol.Identities))
 	for _, id := range p.pol.Identities {
-		v, ok := lookupIdentity(id, hdr, md)
-		if !ok {
-			if p.pol.Anonymous == anonymousReject {
-				p.req.decision = "unauthorized"
-				return p.immediate(unauthorized(id.Name), send)
-			}
-			v = anonymousIdentity
+		v, ok, err := lookupIdentity(id, h.GetHeaders(), hdr, md)
+		switch {
+		case err != nil:
+			p.req.decision = "bad_request"
+			return p.immediate(duplicateIdentity(id.Name), send)
+		case ok:
+			p.req.ids[id.Name] = identityPart(v)
+		case p.pol.Anonymous == anonymousReject:
+			p.req.decision = "unauthorized"
+			return p.immediate(unauthorized(id.Name), send)
+		default:
+			p.req.ids[id.Name] = anonymousPart
 		}
-		p.req.ids[id.Name] = v
 	}
 	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{"accept-encoding"}}
 	if h.GetEndOfStream() {
@@ -246,7 +245,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		p.req.allowance = m
 	}
 	cost := c.InputTokens + p.req.allowance
-	req := buckets.Request{ID: p.req.id + "-" + randomID()[:8], Cost: float64(cost), Priority: p.req.priority}
+	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority}
 	for _, r := range p.pol.Buckets {
 		req.Buckets = append(req.Buckets, buckets.Bucket{
 			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
@@ -360,20 +359,22 @@ func (p *processor) key(rule, per string, provider bool) string {
 	}
 	switch per {
 	case "":
-		return bucketKey(scope, rule, globalIdentity)
+		return bucketKey(scope, rule, globalPart)
 	case perModel:
-		m := p.req.count.Model
-		if m == "" {
-			m = "unknown"
+		if m := p.modelKey(); m != "" {
+			return bucketKey(scope, rule, identityPart(m))
 		}
-		return bucketKey(scope, rule, m)
+		return bucketKey(scope, rule, noModelPart)
 	}
 	v := p.req.ids[per]
 	if v == "" { // request headers were not sent to the server
-		v = anonymousIdentity
+		v = anonymousPart
 	}
 	return bucketKey(scope, rule, v)
 }
+
+// modelKey is the model that per-model buckets are keyed by.
+func (p *processor) modelKey() string { return p.req.count.Model }
 
 func (p *processor) immediate(r reply, send sendFunc) error {
 	p.done = true
@@ -424,8 +425,3 @@ func (p *processor) logAt(level slog.Level, msg string, args ...any) {
 	p.s.cfg.Logger.Log(ctx, level, msg, append([]any{"policy", p.policy, "request_id", p.req.id}, args...)...)
 }
 
-func randomID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
-	return hex.EncodeToString(b[:])
-}

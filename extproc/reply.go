@@ -205,6 +205,14 @@ func unauthorized(identity string) reply {
 	}, details: "tokengate_missing_identity"}
 }
 
+func duplicateIdentity(identity string) reply {
+	return reply{status: 400, detail: errorDetail{
+		Code:    "duplicate_identity",
+		Message: fmt.Sprintf("request carries its %s identity more than once; send it once", identity),
+		Type:    "invalid_request_error",
+	}, details: "tokengate_duplicate_identity"}
+}
+
 func unavailable() reply {
 	return reply{status: 503, detail: errorDetail{
 		Code:    "rate_limiter_unavailable",
