@@ -424,4 +424,3 @@ func (p *processor) logAt(level slog.Level, msg string, args ...any) {
 	}
 	p.s.cfg.Logger.Log(ctx, level, msg, append([]any{"policy", p.policy, "request_id", p.req.id}, args...)...)
 }
-
