@@ -71,6 +71,7 @@ type request struct {
 	hard      bool
 	states    []buckets.BucketState
 	decision  string // admitted, unmetered, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
+	reply     int    // status of tokengate's own answer (400, 413, 429, …), 0 when none
 	waited    time.Duration
 }
 
@@ -378,6 +379,7 @@ func (p *processor) modelKey() string { return p.req.count.Model }
 
 func (p *processor) immediate(r reply, send sendFunc) error {
 	p.done = true
+	p.req.reply = r.status
 	return send(r.proto(p.metadata(false)))
 }
 

@@ -189,12 +189,22 @@ func (p *processor) finish() {
 		level = slog.LevelDebug // the common case: keep Info for what an operator acts on
 	}
 	if p.s.cfg.Logger.Enabled(context.Background(), level) {
+		// The status the client got: tokengate's own answer, or the
+		// upstream's. The output: the provider's count when it reported
+		// one (a non-streamed answer has no live count), else the live one.
+		status, output := p.resp.status, int(p.st.output.Load())
+		if p.req.reply != 0 {
+			status = p.req.reply
+		}
+		if p.resp.usageOK {
+			output = p.resp.usage.OutputTokens
+		}
 		attrs := []any{
 			"decision", p.req.decision,
 			"api", string(p.req.count.API), "model", p.req.count.Model,
 			"input_tokens", p.req.count.InputTokens, "allowance", p.req.allowance,
-			"reserved", p.reservedTokens(), "output_tokens", p.st.output.Load(),
-			"status", p.resp.status, "cut_off", p.resp.cut,
+			"reserved", p.reservedTokens(), "output_tokens", output,
+			"status", status, "cut_off", p.resp.cut,
 		}
 		if settled {
 			attrs = append(attrs, "settled", actual, "outcome", outcome)
