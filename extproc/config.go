@@ -139,6 +139,15 @@ type Policy struct {
 	// PriorityHeader names a request header that marks priority traffic
 	// (S19) with the value "true" or "1".
 	PriorityHeader string
+	// UnknownEndpoints says what happens to a request whose path and body
+	// match no API tokengate meters (S22): "refuse" (400 unknown_api; the
+	// default when empty), "pass" (forwarded unmetered) or "charge"
+	// (forwarded, charged UnknownEndpointTokens through the policy's
+	// buckets and concurrency limits, nothing when the upstream fails).
+	UnknownEndpoints string
+	// UnknownEndpointTokens is the flat cost of a request under
+	// UnknownEndpoints "charge".
+	UnknownEndpointTokens int
 }
 
 // Identity says where one identity of a request is found (S9a): a request
@@ -188,6 +197,13 @@ const (
 // unknownPolicy stands in Outcome.Policy for a policy name that the route
 // sent but the configuration does not define.
 const unknownPolicy = "unknown"
+
+// What UnknownEndpoints may say.
+const (
+	unknownRefuse = "refuse"
+	unknownPass   = "pass"
+	unknownCharge = "charge"
+)
 
 const (
 	anonymousShared = "shared"

@@ -225,20 +225,16 @@ func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	c, err := p.s.cfg.counter.Count(tokenizer.Request{Path: p.req.path, Policy: p.policy, Body: p.req.body})
 	if err != nil {
-		p.req.decision = "bad_request"
-		p.logAt(slog.LevelInfo, "request refused: cannot count it", "err", err)
-		code := "invalid_request"
+		flat, pass := p.uncounted(err)
 		switch {
-		case errors.Is(err, tokenizer.ErrMalformed):
-			code = "malformed_json"
-		case errors.Is(err, tokenizer.ErrUnknownAPI):
-			code = "unknown_api"
-		case errors.Is(err, tokenizer.ErrUnknownModel):
-			code = "unknown_model"
-		case errors.Is(err, tokenizer.ErrInvalidCap):
-			code = "invalid_max_tokens"
+		case pass:
+			p.req.decision = "unmetered"
+			p.req.body = nil
+			return send(requestBodyResponse(nil, nil))
+		case flat == 0:
+			return p.refuseUncountable(err, send)
 		}
-		return p.immediate(badRequest(code, err.Error()), send)
+		c = tokenizer.Count{InputTokens: flat}
 	}
 	p.req.count = c
 	p.req.allowance = c.OutputAllowance
@@ -334,6 +330,41 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	}
 	p.req.body = nil
 	return send(requestBodyResponse(body, p.metadata(false)))
+}
+
+// uncounted decides what becomes of a request the tokenizer cannot count:
+// pass it unmetered, or charge it flat (flat > 0); neither means refuse it.
+// An endpoint no API matches follows the policy's UnknownEndpoints (S22);
+// everything else that cannot be counted is refused (S23).
+func (p *processor) uncounted(err error) (flat int, pass bool) {
+	if !errors.Is(err, tokenizer.ErrUnknownAPI) {
+		return 0, false
+	}
+	switch p.pol.UnknownEndpoints {
+	case unknownPass:
+		return 0, true
+	case unknownCharge:
+		return p.pol.UnknownEndpointTokens, false
+	}
+	return 0, false
+}
+
+// refuseUncountable answers 400 for a body that cannot be counted.
+func (p *processor) refuseUncountable(err error, send sendFunc) error {
+	p.req.decision = "bad_request"
+	p.logAt(slog.LevelInfo, "request refused: cannot count it", "err", err)
+	code := "invalid_request"
+	switch {
+	case errors.Is(err, tokenizer.ErrMalformed):
+		code = "malformed_json"
+	case errors.Is(err, tokenizer.ErrUnknownAPI):
+		code = "unknown_api"
+	case errors.Is(err, tokenizer.ErrUnknownModel):
+		code = "unknown_model"
+	case errors.Is(err, tokenizer.ErrInvalidCap):
+		code = "invalid_max_tokens"
+	}
+	return p.immediate(badRequest(code, err.Error()), send)
 }
 
 func requestBodyResponse(body []byte, md *structpb.Struct) *extprocv3.ProcessingResponse {
