@@ -103,6 +103,9 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 			ClampOutput:     cp.ClampOutput != nil && *cp.ClampOutput,
 			InjectUsage:     cp.InjectUsage == nil || *cp.InjectUsage,
 			PriorityHeader:  cp.PriorityHeader,
+
+			UnknownEndpoints:      cp.UnknownEndpoints,
+			UnknownEndpointTokens: cp.UnknownEndpointTokens,
 		}
 		if cp.Wait != nil {
 			p.MaxWait, p.MaxQueue = cp.Wait.MaxWait, cp.Wait.MaxQueue
