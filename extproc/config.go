@@ -41,9 +41,25 @@ type Config struct {
 	// and read timeouts), which decide when the store counts as down.
 	// Default 30s.
 	StoreTimeout time.Duration
-	// MaxBodyBytes bounds a request body gathered from several messages and
-	// a non-streamed response body kept to read its usage. Default 8 MiB.
+	// MaxBodyBytes bounds a request body (a larger one is refused with
+	// 413) and a non-streamed response body kept to read its usage (a
+	// larger one is forwarded, its usage unread). ServerOptions sets the
+	// gRPC receive limit above it, so that tokengate, not gRPC, answers an
+	// oversized body. Default 8 MiB.
 	MaxBodyBytes int
+	// MaxEventBytes bounds one unfinished server-sent event held back while
+	// its end is awaited; a stream past it is forwarded unread and settled
+	// at its reservation (Outcome.StreamUnread). Default 4 MiB.
+	MaxEventBytes int
+	// StreamIdleTimeout ends a stream on which Envoy sends nothing for this
+	// long; an open reservation is settled as aborted. Longer than the
+	// longest silence of an upstream (a slow non-streamed answer sends
+	// nothing until it is done). Default 10m.
+	StreamIdleTimeout time.Duration
+	// MaxStreams bounds the streams open at once; one more is refused with
+	// RESOURCE_EXHAUSTED (Envoy answers its status_on_error, or, failing
+	// open, passes the request unmetered). Default 10000.
+	MaxStreams int
 	// UsageMargin and UsageSlack bound the usage a provider may report for
 	// a request: a prompt of at most the counted prompt × UsageMargin +
 	// UsageSlack; an output of at most the request's output cap (all
@@ -100,6 +116,9 @@ type Outcome struct {
 	Waited time.Duration
 	// InDebt names the buckets that settlement left below zero (S9).
 	InDebt []string
+	// StreamUnread is true when a stream passed Config.MaxEventBytes within
+	// one event: it was forwarded unread and settled at its reservation.
+	StreamUnread bool
 	// UsageClamped is true when the provider reported more usage than the
 	// request makes plausible and the bound was settled instead (see
 	// Config.UsageMargin).
@@ -230,6 +249,15 @@ func (c *Config) normalize() error {
 	}
 	if c.SettleTimeout < 0 {
 		bad("SettleTimeout", "must not be negative, got %v", c.SettleTimeout)
+	}
+	if c.MaxEventBytes <= 0 {
+		c.MaxEventBytes = 4 << 20
+	}
+	if c.StreamIdleTimeout <= 0 {
+		c.StreamIdleTimeout = 10 * time.Minute
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = 10000
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = 30 * time.Second

@@ -308,6 +308,7 @@ type rig struct {
 	front    *httptest.Server
 	upstream *upstream
 	outcomes chan Outcome
+	conn     *grpc.ClientConn // to the server, as the stand-in's
 	// streams receives the context of every ext_proc stream the server
 	// opens: it is done when Envoy (the stand-in) has closed the stream.
 	streams chan context.Context
@@ -330,6 +331,10 @@ type rigOptions struct {
 	logger        *slog.Logger
 	now           func() time.Time // the server's clock; default time.Now
 	clock         *fakeClock       // the server's clock and timers; overrides now
+	maxBodyBytes  int
+	maxEventBytes int
+	idleTimeout   time.Duration
+	maxStreams    int
 }
 
 func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
@@ -348,6 +353,9 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		OnFinish: func(oc Outcome) { r.outcomes <- oc },
 		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
 		Now:      clockNow(o.clock, o.now),
+
+		MaxBodyBytes: o.maxBodyBytes, MaxEventBytes: o.maxEventBytes,
+		StreamIdleTimeout: o.idleTimeout, MaxStreams: o.maxStreams,
 		afterFunc: func() func(time.Duration, func()) stopper {
 			if o.clock == nil {
 				return nil
@@ -359,10 +367,10 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		t.Fatal(err)
 	}
 	r.srv = srv
-	g := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	g := grpc.NewServer(append(srv.ServerOptions(), grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		r.streams <- ss.Context()
 		return h(srv, ss)
-	}))
+	}))...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -390,7 +398,7 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.proxy = proxy
+	r.proxy, r.conn = proxy, conn
 	r.front = httptest.NewUnstartedServer(proxy.Handler())
 	if o.http2 {
 		r.front.Config.Protocols = new(http.Protocols)

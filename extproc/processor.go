@@ -78,23 +78,25 @@ type request struct {
 // response is what the response phase follows: the upstream's status and
 // body, the live count (S13) and the cut-off (S14).
 type response struct {
-	status     int
-	sse        bool
-	encoded    bool
-	body       []byte // a non-streamed body, kept to read its usage
-	framer     provider.Framer
-	stream     *provider.Stream
-	live       liveCounter
-	out        []byte
-	outBuf     *[]byte // the pooled buffer out came from
-	delivered  int     // output tokens forwarded to the client
-	answers    int
-	eosSeen    bool
-	cut        bool
-	usage      provider.Usage
-	usageOK    bool
-	streamResp *extprocv3.ProcessingResponse
-	streamBody *extprocv3.StreamedBodyResponse
+	status      int
+	sse         bool
+	encoded     bool
+	body        []byte // a non-streamed body, kept to read its usage
+	bodyDropped bool   // the body passed MaxBodyBytes: its usage is not read
+	unread      bool   // an event passed MaxEventBytes: the stream goes on unread
+	framer      provider.Framer
+	stream      *provider.Stream
+	live        liveCounter
+	out         []byte
+	outBuf      *[]byte // the pooled buffer out came from
+	delivered   int     // output tokens forwarded to the client
+	answers     int
+	eosSeen     bool
+	cut         bool
+	usage       provider.Usage
+	usageOK     bool
+	streamResp  *extprocv3.ProcessingResponse
+	streamBody  *extprocv3.StreamedBodyResponse
 }
 
 // settlement is the reservation and what settling it charged (S8). mu
@@ -323,7 +325,8 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	if canRewrite && (inject || clamp > 0) {
 		nb, err := rewriteBody(c.API, p.req.body, inject, clamp)
 		if err != nil {
-			p.logAt(slog.LevelWarn, "request forwarded unchanged", "err", err)
+			p.logAt(slog.LevelWarn, "request body not rewritten: forwarded unchanged")
+			p.logAt(slog.LevelDebug, "request body not rewritten", "err", err)
 		} else {
 			body, p.req.injected = nb, inject
 		}
@@ -349,22 +352,25 @@ func (p *processor) uncounted(err error) (flat int, pass bool) {
 	return 0, false
 }
 
-// refuseUncountable answers 400 for a body that cannot be counted.
+// refuseUncountable answers 400 for a body that cannot be counted. The
+// tokenizer's message may quote the body: it reaches debug logs only, and
+// the client only when it quotes nothing (see clientDetail).
 func (p *processor) refuseUncountable(err error, send sendFunc) error {
 	p.req.decision = "bad_request"
-	p.logAt(slog.LevelInfo, "request refused: cannot count it", "err", err)
-	code := "invalid_request"
+	code, msg := "invalid_request", "the request body cannot be counted"
 	switch {
 	case errors.Is(err, tokenizer.ErrMalformed):
-		code = "malformed_json"
+		code, msg = "malformed_json", "malformed request body"
 	case errors.Is(err, tokenizer.ErrUnknownAPI):
-		code = "unknown_api"
+		code, msg = "unknown_api", "the path and body match no API that tokengate meters"
 	case errors.Is(err, tokenizer.ErrUnknownModel):
-		code = "unknown_model"
+		code, msg = "unknown_model", "the request names a model tokengate cannot count, and no fallback encoding is configured"
 	case errors.Is(err, tokenizer.ErrInvalidCap):
-		code = "invalid_max_tokens"
+		code, msg = "invalid_max_tokens", "an output token cap is not a whole number within the allowed range"
 	}
-	return p.immediate(badRequest(code, err.Error()), send)
+	p.logAt(slog.LevelInfo, "request refused: cannot count it", "code", code)
+	p.logAt(slog.LevelDebug, "request refused: cannot count it", "code", code, "err", err)
+	return p.immediate(badRequest(code, clientDetail(err.Error(), msg)), send)
 }
 
 func requestBodyResponse(body []byte, md *structpb.Struct) *extprocv3.ProcessingResponse {

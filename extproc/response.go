@@ -121,29 +121,26 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	chunk, eos := b.GetBody(), b.GetEndOfStream()
 	p.resp.answers++
-	if !p.resp.sse {
-		if p.st.res != nil && !p.resp.eosSeen && len(p.resp.body)+len(chunk) <= p.s.cfg.MaxBodyBytes {
-			p.resp.body = append(p.resp.body, chunk...)
-		}
+	switch {
+	case !p.resp.sse:
+		p.keepBody(chunk)
 		if eos {
 			p.resp.eosSeen = true
 			p.readUsage()
 		}
-		var err error
-		if p.duplex() {
-			err = p.sendStreamed(chunk, eos)
-		} else {
-			err = send(p.bodyAnswer(nil, false, eos))
+		return p.passOn(chunk, eos)
+	case p.resp.unread:
+		if eos {
+			p.resp.eosSeen = true
 		}
-		if err == nil && eos {
-			p.settle()
-		}
-		return err
-	}
-	if p.resp.cut { // STREAMED mode after a cut-off: the client already has its end
+		return p.passOn(chunk, eos)
+	case p.resp.cut: // STREAMED mode after a cut-off: the client already has its end
 		p.resp.framer.Feed(chunk)
 		for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
 			p.observeAfterCut(ev)
+		}
+		if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
+			p.resp.framer.Flush() // unbounded: its usage is lost
 		}
 		if eos {
 			if tail := p.resp.framer.Flush(); len(tail) > 0 {
@@ -169,12 +166,49 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 			return p.cutOff(send)
 		}
 		p.resp.eosSeen = true
+	} else if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
+		// One event without end past the bound: holding more would let an
+		// upstream grow this buffer without limit. What is held goes on
+		// now, the rest of the stream as it comes, unread.
+		p.resp.unread = true
+		p.resp.out = append(p.resp.out, p.resp.framer.Flush()...)
+		p.logAt(slog.LevelWarn, "server-sent event beyond the bound: stream forwarded unread, settled at its reservation",
+			"limit", p.s.cfg.MaxEventBytes)
 	}
 	var err error
 	if p.duplex() {
 		err = p.sendStreamed(p.resp.out, eos)
 	} else {
 		err = send(p.bodyAnswer(p.resp.out, true, eos))
+	}
+	if err == nil && eos {
+		p.settle()
+	}
+	return err
+}
+
+// keepBody keeps a chunk of a non-streamed body to read its usage at the
+// end, up to MaxBodyBytes. Once a chunk would pass the bound nothing more is
+// kept, not even later chunks that would fit: usage read from a body with a
+// hole in it could be anything.
+func (p *processor) keepBody(chunk []byte) {
+	if p.st.res == nil || p.resp.eosSeen || p.resp.bodyDropped {
+		return
+	}
+	if len(p.resp.body)+len(chunk) > p.s.cfg.MaxBodyBytes {
+		p.resp.body, p.resp.bodyDropped = nil, true
+		return
+	}
+	p.resp.body = append(p.resp.body, chunk...)
+}
+
+// passOn forwards a chunk unchanged.
+func (p *processor) passOn(chunk []byte, eos bool) error {
+	var err error
+	if p.duplex() {
+		err = p.sendStreamed(chunk, eos)
+	} else {
+		err = p.send(p.bodyAnswer(nil, false, eos))
 	}
 	if err == nil && eos {
 		p.settle()
@@ -408,7 +442,7 @@ func (p *processor) finalMetadata() *structpb.Struct {
 }
 
 func (p *processor) readUsage() {
-	if p.st.res == nil || len(p.resp.body) == 0 || p.resp.encoded {
+	if p.st.res == nil || len(p.resp.body) == 0 || p.resp.encoded || p.resp.bodyDropped {
 		return
 	}
 	u, ok, err := provider.ParseUsage(p.req.count.API, p.resp.body)

@@ -30,6 +30,8 @@ type charge struct {
 //     a stream that ended without its end charges the larger of the usage
 //     reported so far and the live count;
 //   - streamed: the prompt and the live output count, ended or aborted;
+//     a stream forwarded unread past an unbounded event: the reservation,
+//     or the count before the event when that is more;
 //   - not streamed and no usage reported: the reservation stands.
 //
 // Reported usage is bounded by what the request makes plausible (see
@@ -55,6 +57,10 @@ func (p *processor) settlement() charge {
 		outcome = "aborted"
 	}
 	switch {
+	case p.resp.unread:
+		// Nothing after the unbounded event was read: the reservation
+		// stands, or what was counted before it when that is more.
+		return charge{actual: max(p.reservedTokens(), in+live), outcome: outcome}
 	case p.resp.usageOK:
 		u := p.resp.usage
 		if !p.resp.eosSeen {
@@ -225,7 +231,7 @@ func (p *processor) finish() {
 			Output: int(p.st.output.Load()), Settled: actual, SettleOutcome: outcome,
 			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
 			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
-			Waited: p.req.waited, InDebt: inDebt, UsageClamped: clamped,
+			Waited: p.req.waited, InDebt: inDebt, UsageClamped: clamped, StreamUnread: p.resp.unread,
 		})
 	}
 }
