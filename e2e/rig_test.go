@@ -344,9 +344,10 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 		t.Fatal(err)
 	}
 	g.srv = srv
-	// As the tokengate command: a BUFFERED request body travels as one
-	// message, larger than gRPC's default limit.
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.StreamInterceptor(markStreams))
+	// As the tokengate command: the server's own options (a BUFFERED
+	// request body travels as one message, larger than gRPC's default
+	// limit, and a body over tokengate's limit must reach tokengate).
+	gs := grpc.NewServer(append(srv.ServerOptions(), grpc.StreamInterceptor(markStreams))...)
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
