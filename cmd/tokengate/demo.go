@@ -126,7 +126,7 @@ func startDemo(opts demoOptions) (*demoEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(srv.ServerOptions()...)
 	srv.Register(gs)
 	go gs.Serve(gLis)
 	env.closers = append(env.closers, gs.Stop)

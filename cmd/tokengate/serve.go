@@ -75,7 +75,9 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 		}
 	}
 
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Listeners.MaxRecvMsgBytes))
+	// The ext_proc server's own options: a gRPC receive limit above the body
+	// limit, so that an oversized body gets tokengate's 413.
+	gs := grpc.NewServer(parts.server.ServerOptions()...)
 	parts.server.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
