@@ -36,6 +36,8 @@ type Metrics struct {
 	fallbackEnc   *prometheus.CounterVec
 	waits         *prometheus.HistogramVec
 	debt          *prometheus.CounterVec
+	clamped       *prometheus.CounterVec
+	unread        *prometheus.CounterVec
 }
 
 // New registers tokengate's collectors on reg.
@@ -100,9 +102,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tokengate_debt_settlements_total",
 			Help: "Settlements that left a bucket below zero (an under-estimate, S9), by bucket.",
 		}, []string{"policy", "bucket"}),
+		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_usage_clamped_total",
+			Help: "Settlements whose provider-reported usage was beyond what the request makes plausible; the bound was charged instead.",
+		}, []string{"policy"}),
+		unread: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_streams_unread_total",
+			Help: "Streams forwarded unread after one server-sent event passed the size bound; settled at the reservation.",
+		}, []string{"policy"}),
 	}
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
-		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt)
+		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt,
+		m.clamped, m.unread)
 	m.storeUp.Set(1)
 	return m
 }
@@ -136,6 +147,12 @@ func (m *Metrics) Finish(o extproc.Outcome) {
 	}
 	if o.CutOff {
 		m.cutoffs.WithLabelValues(o.Policy).Inc()
+	}
+	if o.UsageClamped {
+		m.clamped.WithLabelValues(o.Policy).Inc()
+	}
+	if o.StreamUnread {
+		m.unread.WithLabelValues(o.Policy).Inc()
 	}
 	if o.SettleOutcome != "" {
 		m.streams.WithLabelValues(o.Policy, o.SettleOutcome).Inc()
