@@ -301,6 +301,8 @@ type gatewayConfig struct {
 	bufferLimit  int // the stand-in's per-connection buffer limit; 0 means 1 MiB
 	// metrics, if set, records every outcome, as the tokengate command does.
 	metrics *metrics.Metrics
+	// tune, if set, adjusts the server's configuration before it starts.
+	tune func(*extproc.Config)
 }
 
 // gateway is one tokengate ext_proc server on loopback gRPC, with the Envoy
@@ -326,7 +328,7 @@ func newCounter(t testing.TB) *tokenizer.Counter {
 func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	t.Helper()
 	g := &gateway{outcomes: newOutcomes()}
-	srv, err := extproc.NewServer(extproc.Config{
+	sc := extproc.Config{
 		Policies:      cfg.policies,
 		DefaultPolicy: cfg.policies[0].Name,
 		Store:         cfg.store,
@@ -339,7 +341,11 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 			}
 			g.outcomes.add(o)
 		},
-	})
+	}
+	if cfg.tune != nil {
+		cfg.tune(&sc)
+	}
+	srv, err := extproc.NewServer(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
