@@ -37,8 +37,8 @@ type sendFunc func(*extprocv3.ProcessingResponse) error
 // request phase decided (request), what the response phase follows
 // (response), and the reservation's settlement (settlement), which alone is
 // shared with other goroutines. The processor is owned by its stream's
-// goroutine; only Shutdown (abandon) reaches the settlement from elsewhere,
-// through its mutex and atomic counters.
+// goroutine; only Shutdown (abandon) and the slot renewal timer reach the
+// settlement from elsewhere, through its mutex and atomic counters.
 type processor struct {
 	s      *Server
 	ctx    context.Context
@@ -59,10 +59,10 @@ type processor struct {
 // request is what the request phase read and decided. Written by the
 // request phase, read by the later ones.
 type request struct {
-	id        string // x-request-id, for logs
+	id        string // x-request-id, bounded, for logs
 	path      string
 	priority  bool
-	ids       map[string]string
+	ids       map[string]string // identity name → its part of store keys (keys.go)
 	body      []byte
 	decided   bool
 	count     tokenizer.Count
@@ -101,7 +101,9 @@ type response struct {
 
 // settlement is the reservation and what settling it charged (S8). mu
 // guards every field but the atomic counters, which abandon reads while the
-// stream goroutine writes them.
+// stream goroutine writes them; the stream goroutine reads res and extended,
+// which only it writes, without it. Extensions, renewals and settlement
+// exclude each other: none follows settlement.
 type settlement struct {
 	mu       sync.Mutex
 	res      *buckets.Reservation
@@ -243,38 +245,12 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	if m := p.pol.MaxOutputTokens; m > 0 && p.req.allowance > m {
 		p.req.allowance = m
 	}
-	cost := c.InputTokens + p.req.allowance
-	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority}
-	for _, r := range p.pol.Buckets {
-		req.Buckets = append(req.Buckets, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
-		})
-		p.req.hard = p.req.hard || r.Hard
-	}
-	for _, r := range p.pol.Concurrency {
-		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
-	}
-	queue, waits := p.s.queues[p.policy], false
-	if p.pol.MaxWait > 0 && queue.enter() {
-		waits, req.MaxWait = true, p.pol.MaxWait
-	}
-	leaveQueue := func() {
-		if waits {
-			waits = false
-			queue.leave()
-		}
-	}
-	defer leaveQueue()
 	if p.ctx.Err() != nil {
 		return nil // the client left while its request was counted: nothing to reserve
 	}
-	ctx, cancel := p.storeCtx(p.s.cfg.StoreTimeout)
-	d, err := p.s.cfg.Store.Reserve(ctx, req)
-	cancel()
-	if d.Wait == 0 || !d.OK {
-		leaveQueue()
-	}
+	cost := c.InputTokens + p.req.allowance
+	d, leaveQueue, err := p.reserve(cost)
+	defer leaveQueue()
 	if err != nil {
 		p.req.decision = "store_error"
 		p.logAt(slog.LevelError, "bucket store unavailable", "err", err)
@@ -315,24 +291,67 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			return nil // the client left while waiting; finish refunds the reservation
 		}
 	}
-	var body []byte
+	body := p.rewrite(canRewrite)
+	p.req.body = nil
+	return send(requestBodyResponse(body, p.metadata(false)))
+}
+
+// reserve asks the store for cost tokens from every bucket of the policy's
+// chain and a slot from each concurrency limit (S3, S10, S11). A request
+// that may wait takes a place in the policy's queue before it asks (S12);
+// it keeps it, until it calls leaveQueue, only if it is to wait.
+func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), err error) {
+	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority}
+	for _, r := range p.pol.Buckets {
+		req.Buckets = append(req.Buckets, buckets.Bucket{
+			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
+			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
+		})
+		p.req.hard = p.req.hard || r.Hard
+	}
+	for _, r := range p.pol.Concurrency {
+		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
+	}
+	queue := p.s.queues[p.policy]
+	if p.pol.MaxWait > 0 && queue.enter() {
+		req.MaxWait = p.pol.MaxWait
+	}
+	ctx, cancel := p.storeCtx(p.s.cfg.StoreTimeout)
+	d, err = p.s.cfg.Store.Reserve(ctx, req)
+	cancel()
+	leaveQueue = func() {}
+	if req.MaxWait > 0 {
+		if err == nil && d.OK && d.Wait > 0 {
+			leaveQueue = queue.leave
+		} else {
+			queue.leave()
+		}
+	}
+	return d, leaveQueue, err
+}
+
+// rewrite returns the request body with include_usage asked for (S15) and
+// the output cap clamped to the reservation, when the policy says so and
+// the body can still be replaced; nil when it stays as it is.
+func (p *processor) rewrite(canRewrite bool) []byte {
+	c := p.req.count
 	inject := p.pol.InjectUsage && c.Stream && !c.IncludeUsage &&
 		(c.API == tokenizer.ChatCompletions || c.API == tokenizer.Completions)
 	clamp := 0
 	if p.pol.ClampOutput && c.API != tokenizer.Embeddings {
 		clamp = p.req.allowance
 	}
-	if canRewrite && (inject || clamp > 0) {
-		nb, err := rewriteBody(c.API, p.req.body, inject, clamp)
-		if err != nil {
-			p.logAt(slog.LevelWarn, "request body not rewritten: forwarded unchanged")
-			p.logAt(slog.LevelDebug, "request body not rewritten", "err", err)
-		} else {
-			body, p.req.injected = nb, inject
-		}
+	if !canRewrite || !inject && clamp == 0 {
+		return nil
 	}
-	p.req.body = nil
-	return send(requestBodyResponse(body, p.metadata(false)))
+	body, err := rewriteBody(c.API, p.req.body, inject, clamp)
+	if err != nil {
+		p.logAt(slog.LevelWarn, "request body not rewritten: forwarded unchanged")
+		p.logAt(slog.LevelDebug, "request body not rewritten", "err", err)
+		return nil
+	}
+	p.req.injected = inject
+	return body
 }
 
 // uncounted decides what becomes of a request the tokenizer cannot count:
