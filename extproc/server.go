@@ -80,8 +80,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	defer s.stop(p)
 	// Recv blocks until Envoy sends or the stream ends: it runs on a
 	// goroutine of its own so that the idle limit can end the stream; that
-	// goroutine ends with the stream.
-	msgs := make(chan received)
+	// goroutine ends with the stream. It reads one message ahead.
+	msgs := make(chan received, 1)
 	go receive(ctx, stream, msgs)
 	idle := time.NewTimer(s.cfg.StreamIdleTimeout)
 	defer idle.Stop()
