@@ -151,6 +151,12 @@ type Policy struct {
 	InjectUsage *bool `yaml:"inject_usage"`
 	// PriorityHeader marks priority traffic (S19) when set to true or 1.
 	PriorityHeader string `yaml:"priority_header"`
+	// UnknownEndpoints is what happens to a request whose path and body
+	// match no API tokengate meters: refuse (400 unknown_api, the
+	// default), pass (unmetered) or charge (UnknownEndpointTokens, flat).
+	UnknownEndpoints string `yaml:"unknown_endpoints"`
+	// UnknownEndpointTokens is the flat cost with unknown_endpoints: charge.
+	UnknownEndpointTokens int `yaml:"unknown_endpoint_tokens"`
 }
 
 // Identity says where one identity of a request is found (S9a): a header set
@@ -354,6 +360,9 @@ func (c *Config) applyDefaults() {
 		p := &c.Policies[i]
 		if p.Anonymous == "" {
 			p.Anonymous = "shared"
+		}
+		if p.UnknownEndpoints == "" {
+			p.UnknownEndpoints = "refuse"
 		}
 		for j := range p.Concurrency {
 			if p.Concurrency[j].Lease == 0 {

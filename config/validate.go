@@ -485,6 +485,18 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 	if p.PriorityHeader != strings.ToLower(p.PriorityHeader) {
 		v.add(join(path, "priority_header"), "%q must be lower-case", p.PriorityHeader)
 	}
+	switch p.UnknownEndpoints {
+	case "refuse", "pass":
+		if p.UnknownEndpointTokens != 0 {
+			v.add(join(path, "unknown_endpoint_tokens"), "only applies with unknown_endpoints: charge")
+		}
+	case "charge":
+		if p.UnknownEndpointTokens <= 0 {
+			v.add(join(path, "unknown_endpoint_tokens"), "must be at least 1 with unknown_endpoints: charge, got %d", p.UnknownEndpointTokens)
+		}
+	default:
+		v.add(join(path, "unknown_endpoints"), "must be refuse, pass or charge, got %q", p.UnknownEndpoints)
+	}
 }
 
 // validateSharedProviders checks that provider buckets of the same name agree

@@ -325,3 +325,185 @@ func disconnect(ctx context.Context, t *testing.T, g *gateway, path string, body
 	}
 	return exchange{status: resp.StatusCode, header: resp.Header, body: first[:n]}
 }
+
+// Limits of the hostile-upstream gateway: reported usage is bounded by the
+// counted prompt × usageMargin + usageSlack and the cap + usageSlack; one
+// unfinished event may hold maxEvent bytes; a non-streamed body is read for
+// usage up to maxBody bytes.
+const (
+	usageMargin = 2
+	usageSlack  = 100
+	maxEvent    = 8 << 10
+	maxBody     = 64 << 10
+	upstreamCap = 1e6
+)
+
+// hostileUpstreamCase is an answer no honest provider sends, and what it
+// must be charged.
+type hostileUpstreamCase struct {
+	name        string
+	path        string
+	body        string
+	contentType string
+	response    string
+	// disconnect makes the client leave after the first bytes (the mock
+	// sends half of the response, then holds).
+	disconnect bool
+	wantSettle string
+	// want is the charge, from the outcome (the counted prompt and output).
+	want func(o extproc.Outcome) int
+	// clamped and unread are what the outcome must say.
+	clamped, unread bool
+}
+
+// TestHostileUpstream replays answers a broken or hostile upstream could
+// send, with the memory store and with Redis, and checks each bucket of the
+// request — the user's and the per-model one that every user shares — to
+// the token afterwards: a usage of 2^53−1 tokens or far beyond the cap is
+// charged at the plausible bound (S8); a stream that ends without its end
+// charges what was counted over an early, low usage (Anthropic's
+// message_start, Gemini's running usageMetadata); an event without end or
+// a body beyond the bound is forwarded and charged at the reservation; a
+// malformed usage is ignored. Nothing is left reserved, every slot is free.
+func TestHostileUpstream(t *testing.T) {
+	chat := func(extra string) string {
+		return `{"model":"gpt-4o-mini","max_tokens":20,"messages":[{"role":"user","content":"Say hello"}]` + extra + `}`
+	}
+	chunk := func(text string) string {
+		return `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"` + text + `"},"finish_reason":null}]}` + "\n\n"
+	}
+	var anthropic, gemini strings.Builder
+	anthropic.WriteString("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n")
+	anthropic.WriteString("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n")
+	for range 400 {
+		anthropic.WriteString("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" word\"}}\n\n")
+	}
+	for range 300 {
+		gemini.WriteString(`data: {"candidates":[{"content":{"parts":[{"text":" word"}],"role":"model"},"index":0}],"usageMetadata":{"promptTokenCount":12,"candidatesTokenCount":1,"totalTokenCount":13}}` + "\r\n\r\n")
+	}
+	charged := func(in, out int) func(extproc.Outcome) int { return func(extproc.Outcome) int { return in + out } }
+	cases := []hostileUpstreamCase{{
+		name: "prompt of 2^53-1 tokens", body: chat(`,"stream":true,"stream_options":{"include_usage":true}`),
+		response:   chunk("Hi") + chunk(" there") + `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":9007199254740991,"completion_tokens":2,"total_tokens":9007199254740993}}` + "\n\ndata: [DONE]\n\n",
+		wantSettle: "complete", clamped: true,
+		want: func(o extproc.Outcome) int { return o.InputTokens*usageMargin + usageSlack + 2 },
+	}, {
+		name: "output far beyond the cap", body: chat(""), contentType: "application/json",
+		response:   `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1000000,"total_tokens":1000009}}`,
+		wantSettle: "complete", clamped: true, want: charged(9, 20+usageSlack),
+	}, {
+		name: "anthropic early usage, client leaves", path: "/v1/messages",
+		body:     `{"model":"claude-sonnet-4-5","max_tokens":2000,"stream":true,"messages":[{"role":"user","content":"Say hello"}]}`,
+		response: anthropic.String(), disconnect: true, wantSettle: "aborted",
+		want: func(o extproc.Outcome) int { return 25 + o.Output },
+	}, {
+		name: "gemini running usage, client leaves", path: "/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse",
+		body:     `{"contents":[{"role":"user","parts":[{"text":"Say hello"}]}],"generationConfig":{"maxOutputTokens":2000}}`,
+		response: gemini.String(), disconnect: true, wantSettle: "aborted",
+		want: func(o extproc.Outcome) int { return 12 + o.Output },
+	}, {
+		name: "event without end", body: chat(`,"stream":true`),
+		response:   chunk("Hi") + "data: " + strings.Repeat("x", 48<<10) + "\n\n" + chunk("more") + "data: [DONE]\n\n",
+		wantSettle: "complete", unread: true,
+		want: func(o extproc.Outcome) int { return o.Reserved },
+	}, {
+		name: "usage beyond the body bound", body: chat(""), contentType: "application/json",
+		response:   `{"pad":"` + strings.Repeat("x", maxBody) + `","usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`,
+		wantSettle: "complete", want: func(o extproc.Outcome) int { return o.Reserved },
+	}, {
+		name: "negative usage", body: chat(""), contentType: "application/json",
+		response:   `{"id":"x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":-500,"total_tokens":-491}}`,
+		wantSettle: "complete", want: func(o extproc.Outcome) int { return o.Reserved },
+	}}
+	stores := []struct {
+		name string
+		new  func(t *testing.T) buckets.Store
+	}{
+		{"memory", func(*testing.T) buckets.Store { return buckets.NewMemory(buckets.MemoryOptions{}) }},
+		{"redis", func(t *testing.T) buckets.Store {
+			srv := redistest.Start(t)
+			rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { rc.Close() })
+			return redisstore.New(rc, redisstore.Options{})
+		}},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) {
+					checkGoroutines(t)
+					hostileUpstream(t, st.new(t), tc)
+				})
+			}
+		})
+	}
+}
+
+func hostileUpstream(t *testing.T, store buckets.Store, tc hostileUpstreamCase) {
+	if tc.path == "" {
+		tc.path = "/v1/chat/completions"
+	}
+	if tc.contentType == "" {
+		tc.contentType = "text/event-stream"
+	}
+	name := "hostile/" + tc.name
+	recordingCache.Store(name, recording{Name: name, Path: tc.path, Request: []byte(tc.body), Response: []byte(tc.response), ContentType: tc.contentType, Total: -1})
+	pol := extproc.Policy{
+		Name:       "hostile-upstream",
+		Identities: []extproc.Identity{{Name: "user", Header: headerUser}},
+		Buckets: []extproc.BucketRule{
+			{Name: "user", Per: "user", Limit: buckets.Limit{Capacity: upstreamCap, Rate: tinyRate}},
+			{Name: "model", Per: "model", Limit: buckets.Limit{Capacity: upstreamCap, Rate: tinyRate}},
+		},
+		Concurrency: []extproc.ConcurrencyRule{{Name: "inflight", Per: "user", Max: hostileSlots}},
+		InjectUsage: true,
+	}
+	led := newLedger(store)
+	up := newLLM()
+	g := startGateway(t, gatewayConfig{
+		store: led, policies: []extproc.Policy{pol}, upstream: startLLM(t, up),
+		tune: func(c *extproc.Config) {
+			c.UsageMargin, c.UsageSlack, c.MaxEventBytes, c.MaxBodyBytes = usageMargin, usageSlack, maxEvent, maxBody
+		},
+	})
+	user := strings.ReplaceAll(tc.name, " ", "-")
+	hdr := map[string]string{headerReplay: name, headerUser: user}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	var x exchange
+	if tc.disconnect {
+		hdr[headerMock] = mockHang
+		x = disconnect(ctx, t, g, tc.path, []byte(tc.body), hdr)
+	} else {
+		x = g.post(ctx, tc.path, []byte(tc.body), hdr)
+	}
+	if x.err != nil || x.status != 200 {
+		t.Fatalf("status %d, err %v; want 200", x.status, x.err)
+	}
+	if !tc.disconnect && string(x.body) != tc.response {
+		t.Errorf("the client got %d bytes, want the upstream's %d byte for byte", len(x.body), len(tc.response))
+	}
+	o := g.outcomes.wait(t, 1)[0]
+	want := tc.want(o)
+	if o.Settled != want || o.SettleOutcome != tc.wantSettle || o.UsageClamped != tc.clamped || o.StreamUnread != tc.unread {
+		t.Errorf("outcome %+v, want %s settled %d, usage clamped %v, stream unread %v", o, tc.wantSettle, want, tc.clamped, tc.unread)
+	}
+	if tc.disconnect && o.Output <= 1 {
+		t.Errorf("outcome %+v counted no output before the client left", o)
+	}
+	led.checkSettled(t)
+	for _, name := range []string{"user", "model"} {
+		bs := led.named(name)
+		if len(bs) != 1 {
+			t.Fatalf("%d %s buckets used, want 1", len(bs), name)
+		}
+		if diff := cmp.Diff(upstreamCap-float64(want), led.level(t, bs[0]), levelsEqual); diff != "" {
+			t.Errorf("%s bucket after the request (-want +got):\n%s", name, diff)
+		}
+	}
+	if tc.disconnect {
+		pollUntil(t, "the upstream request cancelled", func() bool { return up.cancelled.Load() > 0 })
+	}
+	probe := loadRecording(t, "openai/chat-stream-gpt-4o-mini")
+	checkSlotsFree(t, g, up, probe, []string{user}, hostileSlots)
+}

@@ -301,6 +301,8 @@ type gatewayConfig struct {
 	bufferLimit  int // the stand-in's per-connection buffer limit; 0 means 1 MiB
 	// metrics, if set, records every outcome, as the tokengate command does.
 	metrics *metrics.Metrics
+	// tune, if set, adjusts the server's configuration before it starts.
+	tune func(*extproc.Config)
 }
 
 // gateway is one tokengate ext_proc server on loopback gRPC, with the Envoy
@@ -326,7 +328,7 @@ func newCounter(t testing.TB) *tokenizer.Counter {
 func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	t.Helper()
 	g := &gateway{outcomes: newOutcomes()}
-	srv, err := extproc.NewServer(extproc.Config{
+	sc := extproc.Config{
 		Policies:      cfg.policies,
 		DefaultPolicy: cfg.policies[0].Name,
 		Store:         cfg.store,
@@ -339,14 +341,19 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 			}
 			g.outcomes.add(o)
 		},
-	})
+	}
+	if cfg.tune != nil {
+		cfg.tune(&sc)
+	}
+	srv, err := extproc.NewServer(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g.srv = srv
-	// As the tokengate command: a BUFFERED request body travels as one
-	// message, larger than gRPC's default limit.
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+	// As the tokengate command: the server's own options (a BUFFERED
+	// request body travels as one message, larger than gRPC's default
+	// limit, and a body over tokengate's limit must reach tokengate).
+	gs := grpc.NewServer(append(srv.ServerOptions(), grpc.StreamInterceptor(markStreams))...)
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -401,6 +408,24 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 		conn.Close()
 	})
 	return g
+}
+
+// streamKey is the context key under which markStreams keeps each
+// ext_proc stream's own context: a test's store can wait on it to know that
+// the client has gone, whatever context the server hands the store.
+type streamKey struct{}
+
+type markedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s markedStream) Context() context.Context { return s.ctx }
+
+// markStreams is a gRPC stream interceptor that puts each stream's context
+// into the stream's context under streamKey.
+func markStreams(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	return h(srv, markedStream{ss, context.WithValue(ss.Context(), streamKey{}, ss.Context())})
 }
 
 // exchange is what a client saw of one request.

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,5 +136,49 @@ func TestShutdownSettlesOpenStreams(t *testing.T) {
 	}
 	if resp, _ := r.post(t, chatPath, `{"model":"m","messages":[]}`, nil); resp.StatusCode < 500 {
 		t.Errorf("new request during shutdown: %d, want a 5xx", resp.StatusCode)
+	}
+}
+
+// S11: a concurrency slot is renewed on a timer while its request is open,
+// not only when response chunks arrive: a slow non-streamed call keeps its
+// slot past its lease, and a second request is refused meanwhile.
+func TestSlowCallKeepsItsSlot(t *testing.T) {
+	clk := newFakeClock()
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	var calls atomic.Int32
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			arrived <- struct{}{}
+			<-release // the answer takes longer than the slot's lease
+		}
+		w.Header().Set("content-type", "application/json")
+		w.Write([]byte(`{"choices":[]}`))
+	})
+	pol := Policy{Name: "p", Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 1e6, Rate: 1}}},
+		Concurrency: []ConcurrencyRule{{Name: "inflight", Max: 1, Lease: time.Minute}}}
+	r := newRig(t, nil, rigOptions{policies: []Policy{pol}, upstream: slow, clock: clk,
+		store: buckets.NewMemory(buckets.MemoryOptions{Now: clk.now})})
+	body := `{"model":"m","max_tokens":10,"messages":[]}`
+	first := make(chan int, 1)
+	go func() {
+		resp, _ := r.post(t, chatPath, body, nil)
+		first <- resp.StatusCode
+	}()
+	<-arrived
+	for range 4 { // two leases pass while the first request is open
+		clk.advance(30 * time.Second)
+	}
+	if resp, got := r.post(t, chatPath, body, nil); resp.StatusCode != 429 || !strings.Contains(got, `"type":"requests"`) {
+		t.Errorf("second request while the first is open: %d %s, want 429 of type requests", resp.StatusCode, got)
+	}
+	close(release)
+	if got := <-first; got != 200 {
+		t.Errorf("first request: %d, want 200", got)
+	}
+	for range 2 {
+		r.outcome(t)
+	}
+	if n := clk.pending(); n != 0 {
+		t.Errorf("%d renewal timers left after every request settled", n)
 	}
 }

@@ -31,17 +31,54 @@ type Config struct {
 	// Namespace is the Envoy dynamic metadata namespace the token counts
 	// are written under (S24). Default "tokengate".
 	Namespace string
-	// SettleTimeout bounds each settlement's store call. Default 2s.
+	// SettleTimeout bounds each settlement's store call, and each renewal
+	// and pause. Default 2s.
 	SettleTimeout time.Duration
-	// MaxBodyBytes bounds a request body gathered from several messages and
-	// a non-streamed response body kept to read its usage. Default 8 MiB.
+	// StoreTimeout bounds each Reserve and Extend. They run on a context of
+	// their own, not the client's: a reservation the store may have written
+	// must be known to be settled, and a client's cancellation is never a
+	// store failure. Set it above the store's own timeouts (Redis's dial
+	// and read timeouts), which decide when the store counts as down.
+	// Default 30s.
+	StoreTimeout time.Duration
+	// MaxBodyBytes bounds a request body (a larger one is refused with
+	// 413) and a non-streamed response body kept to read its usage (a
+	// larger one is forwarded, its usage unread). ServerOptions sets the
+	// gRPC receive limit above it, so that tokengate, not gRPC, answers an
+	// oversized body. Default 8 MiB.
 	MaxBodyBytes int
+	// MaxEventBytes bounds one unfinished server-sent event held back while
+	// its end is awaited; a stream past it is forwarded unread and settled
+	// at its reservation (Outcome.StreamUnread). Default 4 MiB.
+	MaxEventBytes int
+	// StreamIdleTimeout ends a stream on which Envoy sends nothing for this
+	// long; an open reservation is settled as aborted. Longer than the
+	// longest silence of an upstream (a slow non-streamed answer sends
+	// nothing until it is done). Default 10m.
+	StreamIdleTimeout time.Duration
+	// MaxStreams bounds the streams open at once; one more is refused with
+	// RESOURCE_EXHAUSTED (Envoy answers its status_on_error, or, failing
+	// open, passes the request unmetered). Default 10000.
+	MaxStreams int
+	// UsageMargin and UsageSlack bound the usage a provider may report for
+	// a request: a prompt of at most the counted prompt × UsageMargin +
+	// UsageSlack; an output of at most the request's output cap (all
+	// choices, extensions included) + UsageSlack, or, without a cap, the
+	// larger of the output allowance and the live count × UsageMargin +
+	// UsageSlack. Beyond it the bound is settled (Outcome.UsageClamped), so
+	// that a hostile or broken upstream cannot drive shared buckets to their
+	// floor. Defaults 4 and 4096.
+	UsageMargin float64
+	UsageSlack  int
 	// Logger receives request-scoped logs. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock for waits and response headers. Default time.Now.
 	Now func() time.Time
 	// counter is what counting goes through: Counter, or a fake in tests.
 	counter tokenCounter
+	// afterFunc starts the timers that renew concurrency slots:
+	// time.AfterFunc, or a fake clock's in tests.
+	afterFunc func(time.Duration, func()) stopper
 
 	// OnFinish, when set, is called once per request when its stream ends,
 	// on the stream's goroutine, with what happened to it (for metrics).
@@ -79,6 +116,13 @@ type Outcome struct {
 	Waited time.Duration
 	// InDebt names the buckets that settlement left below zero (S9).
 	InDebt []string
+	// StreamUnread is true when a stream passed Config.MaxEventBytes within
+	// one event: it was forwarded unread and settled at its reservation.
+	StreamUnread bool
+	// UsageClamped is true when the provider reported more usage than the
+	// request makes plausible and the bound was settled instead (see
+	// Config.UsageMargin).
+	UsageClamped bool
 }
 
 // Policy is one named set of limits: how identities are found, the chain of
@@ -100,8 +144,8 @@ type Policy struct {
 	// MaxWait lets a request short of tokens wait up to this long (S12);
 	// zero refuses at once.
 	MaxWait time.Duration
-	// MaxQueue bounds how many requests of this policy wait at once (S12).
-	// Zero with a positive MaxWait means no bound beyond MaxWait.
+	// MaxQueue bounds how many requests of this policy wait at once on
+	// this gateway (S12); zero lets none wait, whatever MaxWait says.
 	MaxQueue int
 	// MaxOutputTokens is a hard per-request output cap (S14); 0 = none.
 	MaxOutputTokens int
@@ -115,6 +159,15 @@ type Policy struct {
 	// PriorityHeader names a request header that marks priority traffic
 	// (S19) with the value "true" or "1".
 	PriorityHeader string
+	// UnknownEndpoints says what happens to a request whose path and body
+	// match no API tokengate meters (S22): "refuse" (400 unknown_api; the
+	// default when empty), "pass" (forwarded unmetered) or "charge"
+	// (forwarded, charged UnknownEndpointTokens through the policy's
+	// buckets and concurrency limits, nothing when the upstream fails).
+	UnknownEndpoints string
+	// UnknownEndpointTokens is the flat cost of a request under
+	// UnknownEndpoints "charge".
+	UnknownEndpointTokens int
 }
 
 // Identity says where one identity of a request is found (S9a): a request
@@ -155,9 +208,22 @@ type ConcurrencyRule struct {
 	Lease time.Duration // how long a slot lives if never released; default 10m
 }
 
+// Defaults of Config.UsageMargin and Config.UsageSlack.
+const (
+	defaultUsageMargin = 4
+	defaultUsageSlack  = 4096
+)
+
 // unknownPolicy stands in Outcome.Policy for a policy name that the route
 // sent but the configuration does not define.
 const unknownPolicy = "unknown"
+
+// What UnknownEndpoints may say.
+const (
+	unknownRefuse = "refuse"
+	unknownPass   = "pass"
+	unknownCharge = "charge"
+)
 
 const (
 	anonymousShared = "shared"
@@ -179,14 +245,35 @@ func (c *Config) normalize() error {
 	if c.SettleTimeout <= 0 {
 		c.SettleTimeout = 2 * time.Second
 	}
+	if c.MaxEventBytes <= 0 {
+		c.MaxEventBytes = 4 << 20
+	}
+	if c.StreamIdleTimeout <= 0 {
+		c.StreamIdleTimeout = 10 * time.Minute
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = 10000
+	}
+	if c.StoreTimeout <= 0 {
+		c.StoreTimeout = 30 * time.Second
+	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 8 << 20
+	}
+	if c.UsageMargin <= 0 {
+		c.UsageMargin = defaultUsageMargin
+	}
+	if c.UsageSlack <= 0 {
+		c.UsageSlack = defaultUsageSlack
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.afterFunc == nil {
+		c.afterFunc = func(d time.Duration, f func()) stopper { return time.AfterFunc(d, f) }
 	}
 	if c.Store == nil {
 		errs = append(errs, errors.New("Store is required"))
@@ -231,6 +318,9 @@ type tokenCounter interface {
 	NewLive(encoding string) liveCounter
 	Observe(policy, model string, completionTokens int)
 }
+
+// stopper stops a timer; *time.Timer is one.
+type stopper interface{ Stop() bool }
 
 // liveCounter counts streamed output text incrementally (S13).
 type liveCounter interface {

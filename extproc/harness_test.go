@@ -46,6 +46,7 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 		Model         string `json:"model"`
 		Stream        bool   `json:"stream"`
 		MaxTokens     *int   `json:"max_tokens"`
+		N             int    `json:"n"`
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
@@ -61,6 +62,8 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 		c.API = tokenizer.Completions
 	case strings.HasSuffix(r.Path, "/messages"):
 		c.API = tokenizer.Messages
+	case strings.HasSuffix(r.Path, ":streamGenerateContent?alt=sse"):
+		c.API = tokenizer.Gemini
 	default:
 		return tokenizer.Count{}, fmt.Errorf("%w: path %q", tokenizer.ErrUnknownAPI, r.Path)
 	}
@@ -70,6 +73,10 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 			return tokenizer.Count{}, fmt.Errorf("%w: %d", tokenizer.ErrInvalidCap, *body.MaxTokens)
 		}
 		c.OutputCap, c.OutputAllowance, c.AllowanceSource = *body.MaxTokens, *body.MaxTokens, tokenizer.FromRequest
+	}
+	if body.N > 1 {
+		c.Choices = body.N
+		c.OutputAllowance *= body.N
 	}
 	c.IncludeUsage = body.StreamOptions != nil && body.StreamOptions.IncludeUsage
 	return c, nil
@@ -100,12 +107,17 @@ type recordingStore struct {
 
 	mu       sync.Mutex
 	reserved map[string]float64
+	keys     []string             // every bucket key a reservation used
 	settled  map[string][]float64 // by reservation ID: every Settle call
 	extended float64
-	errs     []error
-	paused   map[string]time.Time
-	renewals int
-	fail     atomic.Bool
+	// lateExtends counts Extend calls on a reservation already settled.
+	lateExtends int
+	errs        []error
+	// failExtend makes every Extend fail as an unreachable store does.
+	failExtend atomic.Bool
+	paused     map[string]time.Time
+	renewals   int
+	fail       atomic.Bool
 }
 
 // Renew implements buckets.Renewer when the inner store does, counting calls.
@@ -143,12 +155,23 @@ func (s *recordingStore) Reserve(ctx context.Context, req buckets.Request) (buck
 	if err == nil && d.OK {
 		s.mu.Lock()
 		s.reserved[d.Reservation.ID] = d.Reservation.Cost
+		for _, b := range req.Buckets {
+			s.keys = append(s.keys, b.Key)
+		}
 		s.mu.Unlock()
 	}
 	return d, err
 }
 
 func (s *recordingStore) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	s.mu.Lock()
+	if len(s.settled[r.ID]) > 0 {
+		s.lateExtends++
+	}
+	s.mu.Unlock()
+	if s.failExtend.Load() {
+		return false, fmt.Errorf("%w: connection refused", buckets.ErrStore)
+	}
 	ok, err := s.inner.Extend(ctx, r, n)
 	s.mu.Lock()
 	if ok {
@@ -201,6 +224,9 @@ type upstream struct {
 	Header      map[string]string
 	Chunks      [][]byte
 	Hang        bool
+	// Pause, when set, holds the response after its first chunk until it
+	// is closed.
+	Pause chan struct{}
 
 	mu        sync.Mutex
 	bodies    []string
@@ -231,12 +257,20 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(status)
 	f := w.(http.Flusher)
-	for _, c := range u.Chunks {
+	for i, c := range u.Chunks {
 		if _, err := w.Write(c); err != nil {
 			u.cancelled.Add(1)
 			return
 		}
 		f.Flush()
+		if i == 0 && u.Pause != nil {
+			select {
+			case <-u.Pause:
+			case <-r.Context().Done():
+				u.cancelled.Add(1)
+				return
+			}
+		}
 	}
 	if u.Hang {
 		select {
@@ -274,6 +308,10 @@ type rig struct {
 	front    *httptest.Server
 	upstream *upstream
 	outcomes chan Outcome
+	conn     *grpc.ClientConn // to the server, as the stand-in's
+	// streams receives the context of every ext_proc stream the server
+	// opens: it is done when Envoy (the stand-in) has closed the stream.
+	streams chan context.Context
 }
 
 type rigOptions struct {
@@ -292,6 +330,11 @@ type rigOptions struct {
 	bufferLimit   int
 	logger        *slog.Logger
 	now           func() time.Time // the server's clock; default time.Now
+	clock         *fakeClock       // the server's clock and timers; overrides now
+	maxBodyBytes  int
+	maxEventBytes int
+	idleTimeout   time.Duration
+	maxStreams    int
 }
 
 func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
@@ -299,7 +342,8 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	if u == nil {
 		u = &upstream{}
 	}
-	r := &rig{store: newRecordingStore(o.store), counter: &fakeCounter{input: 10, allowance: 100}, upstream: u, outcomes: make(chan Outcome, 1024)}
+	r := &rig{store: newRecordingStore(o.store), counter: &fakeCounter{input: 10, allowance: 100}, upstream: u,
+		outcomes: make(chan Outcome, 1024), streams: make(chan context.Context, 1024)}
 	if o.policies == nil {
 		o.policies = []Policy{{Name: "default", InjectUsage: true, Buckets: []BucketRule{{Name: "global", Limit: buckets.Limit{Capacity: 10000, Rate: 100}}}}}
 	}
@@ -308,13 +352,25 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		Store: r.store, Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
 		OnFinish: func(oc Outcome) { r.outcomes <- oc },
 		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
-		Now:      o.now,
+		Now:      clockNow(o.clock, o.now),
+
+		MaxBodyBytes: o.maxBodyBytes, MaxEventBytes: o.maxEventBytes,
+		StreamIdleTimeout: o.idleTimeout, MaxStreams: o.maxStreams,
+		afterFunc: func() func(time.Duration, func()) stopper {
+			if o.clock == nil {
+				return nil
+			}
+			return o.clock.afterFunc
+		}(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.srv = srv
-	g := grpc.NewServer()
+	g := grpc.NewServer(append(srv.ServerOptions(), grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		r.streams <- ss.Context()
+		return h(srv, ss)
+	}))...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -342,7 +398,7 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.proxy = proxy
+	r.proxy, r.conn = proxy, conn
 	r.front = httptest.NewUnstartedServer(proxy.Handler())
 	if o.http2 {
 		r.front.Config.Protocols = new(http.Protocols)
@@ -389,6 +445,28 @@ func (r *rig) post(t *testing.T, path, body string, hdr map[string]string) (*htt
 	return resp, string(b)
 }
 
+// postHeaders is post with every value of each header sent, in order, as
+// separate header lines.
+func (r *rig) postHeaders(t *testing.T, path, body string, hdr http.Header) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", r.front.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = hdr.Clone()
+	req.Header.Set("content-type", "application/json")
+	resp, err := r.front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	return resp, string(b)
+}
+
 // outcome waits for the next finished request.
 func (r *rig) outcome(t *testing.T) Outcome {
 	t.Helper()
@@ -398,6 +476,39 @@ func (r *rig) outcome(t *testing.T) Outcome {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no request finished within 5s")
 		return Outcome{}
+	}
+}
+
+// level reads the level of the bucket of rule r at key from the rig's store.
+func (r *rig) level(t *testing.T, rule BucketRule, key string) float64 {
+	t.Helper()
+	b := buckets.Bucket{Name: rule.Name, Key: key, Limit: rule.Limit, Hard: rule.Hard}
+	d, err := r.store.inner.Reserve(context.Background(), buckets.Request{Buckets: []buckets.Bucket{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.OK {
+		if _, err := r.store.inner.Settle(context.Background(), d.Reservation, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d.Buckets[0].Remaining
+}
+
+// streamGone waits until the n-th ext_proc stream (counted from 1 since
+// the last call) has been closed by the stand-in: the client is gone.
+func (r *rig) streamGone(t *testing.T) {
+	t.Helper()
+	var ctx context.Context
+	select {
+	case ctx = <-r.streams:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ext_proc stream opened within 5s")
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ext_proc stream stayed open 5s after the client left")
 	}
 }
 
@@ -444,6 +555,92 @@ func headersOf(kv ...string) *corev3.HeaderMap {
 		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
 	}
 	return hm
+}
+
+// clockNow is c's clock, or now without c.
+func clockNow(c *fakeClock, now func() time.Time) func() time.Time {
+	if c == nil {
+		return now
+	}
+	return c.now
+}
+
+// fakeClock is a clock whose time moves only when the test advances it,
+// firing the timers that fall due, on the test's goroutine. Safe for
+// concurrent use.
+type fakeClock struct {
+	mu     sync.Mutex
+	t      time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	c       *fakeClock
+	at      time.Time
+	f       func()
+	stopped bool
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_000_000, 0)} }
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) afterFunc(d time.Duration, f func()) stopper {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tm := &fakeTimer{c: c, at: c.t.Add(d), f: f}
+	c.timers = append(c.timers, tm)
+	return tm
+}
+
+func (tm *fakeTimer) Stop() bool {
+	tm.c.mu.Lock()
+	defer tm.c.mu.Unlock()
+	was := !tm.stopped
+	tm.stopped = true
+	return was
+}
+
+// pending is the number of timers not yet fired or stopped.
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, tm := range c.timers {
+		if !tm.stopped {
+			n++
+		}
+	}
+	return n
+}
+
+// advance moves the clock on by d and runs every timer due by then.
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		var due *fakeTimer
+		for _, tm := range c.timers {
+			if !tm.stopped && !tm.at.After(c.t) {
+				due = tm
+				break
+			}
+		}
+		if due != nil {
+			due.stopped = true
+		}
+		c.mu.Unlock()
+		if due == nil {
+			return
+		}
+		due.f()
+	}
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

@@ -1,11 +1,14 @@
 package extproc
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/url"
 	"strings"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -14,30 +17,50 @@ import (
 //	tg:<policy>:<rule>:<identity>
 //
 // where <policy> and <rule> are configuration names (<policy> is "*" for a
-// provider rule: the provider account is shared by every policy) and <identity> is the
-// identity value (the model name for Per "model", "*" for a global rule,
-// "anonymous" for a missing identity under Anonymous "shared"). Every part is
-// query-escaped, so a ':' inside a value cannot forge another key; an
-// identity with Hash set is replaced by "h." and the hex SHA-256 of its value
-// (S9a), so raw API keys never reach the store.
+// provider rule: the provider account is shared by every policy), each
+// query-escaped, so a ':' inside a name cannot forge another key.
+// <identity> is one of:
+//   - the query-escaped identity value (the model name for Per "model");
+//     an identity with Hash set is replaced by "h." and the hex SHA-256 of
+//     its value (S9a), so raw API keys never reach the store;
+//   - "!h." and the hex SHA-256 of the value, for a value whose escaped
+//     form is longer than maxIdentityBytes: keys stay small whatever a
+//     client sends;
+//   - "%2A" (an escaped "*") for a global rule;
+//   - "!anonymous" for a missing identity under Anonymous "shared", and
+//     "!none" for a request that names no model.
+//
+// Query escaping turns every '!' into "%21", so the reserved forms cannot
+// be reached by any identity value.
 const keyPrefix = "tg:"
 
 const (
-	sharedScope       = "*"
-	globalIdentity    = "*"
-	anonymousIdentity = "anonymous"
+	sharedScope      = "*"
+	globalPart       = "%2A"
+	anonymousPart    = "!anonymous"
+	noModelPart      = "!none"
+	maxIdentityBytes = 128
 )
 
-func bucketKey(policy, rule, identity string) string {
+func bucketKey(policy, rule, part string) string {
 	var b strings.Builder
-	b.Grow(len(keyPrefix) + len(policy) + len(rule) + len(identity) + 2)
+	b.Grow(len(keyPrefix) + len(policy) + len(rule) + len(part) + 2)
 	b.WriteString(keyPrefix)
 	b.WriteString(url.QueryEscape(policy))
 	b.WriteByte(':')
 	b.WriteString(url.QueryEscape(rule))
 	b.WriteByte(':')
-	b.WriteString(url.QueryEscape(identity))
+	b.WriteString(part)
 	return b.String()
+}
+
+// identityPart is the key part of an identity value: escaped, or hashed
+// when long.
+func identityPart(v string) string {
+	if e := url.QueryEscape(v); len(e) <= maxIdentityBytes {
+		return e
+	}
+	return "!" + hashIdentity(v)
 }
 
 func hashIdentity(v string) string {
@@ -45,25 +68,50 @@ func hashIdentity(v string) string {
 	return "h." + hex.EncodeToString(sum[:16])
 }
 
+// errDuplicateIdentity is a request that carries an identity header more
+// than once.
+var errDuplicateIdentity = errors.New("identity header repeated")
+
+// headerCount is how many entries of hm carry key (lower case).
+func headerCount(hm *corev3.HeaderMap, key string) int {
+	n := 0
+	for _, h := range hm.GetHeaders() {
+		if strings.EqualFold(h.GetKey(), key) {
+			n++
+		}
+	}
+	return n
+}
+
 // lookupIdentity finds one identity value; ok is false when it is missing.
-func lookupIdentity(id Identity, headers map[string]string, md map[string]*structpb.Struct) (string, bool) {
+// A header that appears more than once, or a bearer credential that holds
+// a comma (Envoy joins repeated inline headers such as authorization with
+// one), is errDuplicateIdentity: the upstream may read another value than
+// the one metered.
+func lookupIdentity(id Identity, hm *corev3.HeaderMap, headers map[string]string, md map[string]*structpb.Struct) (string, bool, error) {
 	var v string
 	if id.Header != "" {
+		if headerCount(hm, id.Header) > 1 {
+			return "", false, errDuplicateIdentity
+		}
 		v = headers[id.Header]
 	} else {
 		v = metadataString(md[id.Metadata], id.Path)
 	}
 	v = strings.TrimSpace(v)
 	if v == "" {
-		return "", false
+		return "", false, nil
 	}
 	if strings.HasPrefix(strings.ToLower(v), "bearer ") {
 		v = strings.TrimSpace(v[len("bearer "):])
+		if id.Header != "" && strings.ContainsRune(v, ',') {
+			return "", false, errDuplicateIdentity
+		}
 	}
 	if id.Hash {
 		v = hashIdentity(v)
 	}
-	return v, true
+	return v, true, nil
 }
 
 // metadataString reads a dotted path ("claims.sub") from a Struct. Numbers
@@ -97,4 +145,27 @@ func metadataString(s *structpb.Struct, path string) string {
 		}
 	}
 	return ""
+}
+
+// maxRequestIDBytes bounds the client's x-request-id as a log field.
+const maxRequestIDBytes = 128
+
+// logID is the request's id in logs: its x-request-id, cut to
+// maxRequestIDBytes, or a random one.
+func logID(requestID string) string {
+	if requestID == "" {
+		return randomID()
+	}
+	if len(requestID) > maxRequestIDBytes {
+		requestID = strings.ToValidUTF8(requestID[:maxRequestIDBytes], "")
+	}
+	return requestID
+}
+
+// randomID is 128 random bits in hex: reservation IDs are the server's,
+// never the client's.
+func randomID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
 }

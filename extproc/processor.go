@@ -2,8 +2,6 @@ package extproc
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -35,9 +33,12 @@ const metadataEvery = 16
 
 type sendFunc func(*extprocv3.ProcessingResponse) error
 
-// processor is the state of one HTTP request. It is owned by its stream's
-// goroutine; only abandon (Shutdown) reaches it from elsewhere, through
-// settleMu and the atomic counters.
+// processor is the state of one HTTP request, split by phase: what the
+// request phase decided (request), what the response phase follows
+// (response), and the reservation's settlement (settlement), which alone is
+// shared with other goroutines. The processor is owned by its stream's
+// goroutine; only Shutdown (abandon) and the slot renewal timer reach the
+// settlement from elsewhere, through its mutex and atomic counters.
 type processor struct {
 	s      *Server
 	ctx    context.Context
@@ -46,52 +47,74 @@ type processor struct {
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	send              sendFunc
+	// done: nothing more is answered (after an immediate response or a
+	// FULL_DUPLEX_STREAMED cut-off, Envoy may still send what was in flight).
+	done bool
 
-	// request
-	id        string
+	req  request
+	resp response
+	st   settlement
+}
+
+// request is what the request phase read and decided. Written by the
+// request phase, read by the later ones.
+type request struct {
+	id        string // x-request-id, bounded, for logs
 	path      string
 	priority  bool
-	ids       map[string]string
-	reqBody   []byte
+	ids       map[string]string // identity name → its part of store keys (keys.go)
+	body      []byte
 	decided   bool
 	count     tokenizer.Count
 	allowance int // output tokens reserved
 	injected  bool
 	hard      bool
 	states    []buckets.BucketState
-	decision  string // admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
+	decision  string // admitted, unmetered, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
+	reply     int    // status of tokengate's own answer (400, 413, 429, …), 0 when none
 	waited    time.Duration
-	inDebt    []string      // buckets settlement left below zero; written under settleMu
-	renewAt   time.Time     // when the concurrency slots are renewed next
-	renewIn   time.Duration // half the shortest slot lease; 0 without slots
+}
 
-	// response
-	status     int
-	sse        bool
-	encoded    bool
-	respBody   []byte
-	framer     provider.Framer
-	stream     *provider.Stream
-	live       liveCounter
-	out        []byte
-	outBuf     *[]byte // the pooled buffer out came from
-	delivered  int     // output tokens forwarded to the client
-	extended   int
-	answers    int
-	eosSeen    bool
-	cut        bool
-	done       bool
-	usage      provider.Usage
-	usageOK    bool
-	streamResp *extprocv3.ProcessingResponse
-	streamBody *extprocv3.StreamedBodyResponse
+// response is what the response phase follows: the upstream's status and
+// body, the live count (S13) and the cut-off (S14).
+type response struct {
+	status      int
+	sse         bool
+	encoded     bool
+	body        []byte // a non-streamed body, kept to read its usage
+	bodyDropped bool   // the body passed MaxBodyBytes: its usage is not read
+	unread      bool   // an event passed MaxEventBytes: the stream goes on unread
+	framer      provider.Framer
+	stream      *provider.Stream
+	live        liveCounter
+	out         []byte
+	outBuf      *[]byte // the pooled buffer out came from
+	delivered   int     // output tokens forwarded to the client
+	answers     int
+	eosSeen     bool
+	cut         bool
+	usage       provider.Usage
+	usageOK     bool
+	streamResp  *extprocv3.ProcessingResponse
+	streamBody  *extprocv3.StreamedBodyResponse
+}
 
-	// settlement, shared with abandon
-	settleMu sync.Mutex
+// settlement is the reservation and what settling it charged (S8). mu
+// guards every field but the atomic counters, which abandon reads while the
+// stream goroutine writes them; the stream goroutine reads res and extended,
+// which only it writes, without it. Extensions, renewals and settlement
+// exclude each other: none follows settlement.
+type settlement struct {
+	mu       sync.Mutex
 	res      *buckets.Reservation
+	extended int // tokens debited by Extend beyond the reservation
 	settled  bool
 	actual   int
 	outcome  string
+	inDebt   []string      // buckets settlement left below zero
+	clamped  bool          // reported usage beyond the plausible was bounded
+	renewIn  time.Duration // half the shortest slot lease; 0 without slots
+	renewal  stopper       // the next renewal of the slots, nil when none
 	input    atomic.Int64
 	output   atomic.Int64
 }
@@ -107,7 +130,7 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) erro
 		p.reqMode, p.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
 	if p.pol == nil {
-		p.decision = "bad_request"
+		p.req.decision = "bad_request"
 		p.logAt(slog.LevelWarn, "route names an unknown policy")
 		return p.immediate(reply{status: 500, detail: errorDetail{
 			Code: "unknown_policy", Message: "the gateway route names an unknown rate-limit policy", Type: "server_error",
@@ -146,31 +169,32 @@ func headerMap(hm *corev3.HeaderMap) map[string]string {
 
 func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders, send sendFunc) error {
 	hdr := headerMap(h.GetHeaders())
-	p.path = hdr[":path"]
-	p.id = hdr["x-request-id"]
-	if p.id == "" {
-		p.id = randomID()
-	}
+	p.req.path = hdr[":path"]
+	p.req.id = logID(hdr["x-request-id"])
 	if p.pol.PriorityHeader != "" {
 		v := hdr[p.pol.PriorityHeader]
-		p.priority = v == "true" || v == "1"
+		p.req.priority = v == "true" || v == "1"
 	}
 	md := req.GetMetadataContext().GetFilterMetadata()
-	p.ids = make(map[string]string, len(p.pol.Identities))
+	p.req.ids = make(map[string]string, len(p.pol.Identities))
 	for _, id := range p.pol.Identities {
-		v, ok := lookupIdentity(id, hdr, md)
-		if !ok {
-			if p.pol.Anonymous == anonymousReject {
-				p.decision = "unauthorized"
-				return p.immediate(unauthorized(id.Name), send)
-			}
-			v = anonymousIdentity
+		v, ok, err := lookupIdentity(id, h.GetHeaders(), hdr, md)
+		switch {
+		case err != nil:
+			p.req.decision = "bad_request"
+			return p.immediate(duplicateIdentity(id.Name), send)
+		case ok:
+			p.req.ids[id.Name] = identityPart(v)
+		case p.pol.Anonymous == anonymousReject:
+			p.req.decision = "unauthorized"
+			return p.immediate(unauthorized(id.Name), send)
+		default:
+			p.req.ids[id.Name] = anonymousPart
 		}
-		p.ids[id.Name] = v
 	}
 	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{"accept-encoding"}}
 	if h.GetEndOfStream() {
-		p.decision = "unmetered" // no body, nothing to count
+		p.req.decision = "unmetered" // no body, nothing to count
 	}
 	return send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}},
@@ -178,17 +202,17 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 }
 
 func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
-	if p.decided {
+	if p.req.decided {
 		return send(requestBodyResponse(nil, nil))
 	}
-	if len(p.reqBody)+len(b.GetBody()) > p.s.cfg.MaxBodyBytes {
-		p.decision = "bad_request"
+	if len(p.req.body)+len(b.GetBody()) > p.s.cfg.MaxBodyBytes {
+		p.req.decision = "bad_request"
 		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
 	}
-	if p.reqBody == nil && b.GetEndOfStream() {
-		p.reqBody = b.GetBody() // one message: no copy
+	if p.req.body == nil && b.GetEndOfStream() {
+		p.req.body = b.GetBody() // one message: no copy
 	} else {
-		p.reqBody = append(p.reqBody, b.GetBody()...)
+		p.req.body = append(p.req.body, b.GetBody()...)
 	}
 	streamed := p.reqMode == filterv3.ProcessingMode_STREAMED
 	if streamed && !b.GetEndOfStream() {
@@ -196,96 +220,59 @@ func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 		// chunk, which Envoy releases only after this answer.
 		return send(requestBodyResponse(nil, nil))
 	}
-	p.decided = true
+	p.req.decided = true
 	return p.decide(!streamed, send)
 }
 
 // decide counts the request, reserves its chain and answers the request body
 // (S3–S7, S12, S15, S16).
 func (p *processor) decide(canRewrite bool, send sendFunc) error {
-	c, err := p.s.cfg.counter.Count(tokenizer.Request{Path: p.path, Policy: p.policy, Body: p.reqBody})
+	c, err := p.s.cfg.counter.Count(tokenizer.Request{Path: p.req.path, Policy: p.policy, Body: p.req.body})
 	if err != nil {
-		p.decision = "bad_request"
-		p.logAt(slog.LevelInfo, "request refused: cannot count it", "err", err)
-		code := "invalid_request"
+		flat, pass := p.uncounted(err)
 		switch {
-		case errors.Is(err, tokenizer.ErrMalformed):
-			code = "malformed_json"
-		case errors.Is(err, tokenizer.ErrUnknownAPI):
-			code = "unknown_api"
-		case errors.Is(err, tokenizer.ErrUnknownModel):
-			code = "unknown_model"
-		case errors.Is(err, tokenizer.ErrInvalidCap):
-			code = "invalid_max_tokens"
+		case pass:
+			p.req.decision = "unmetered"
+			p.req.body = nil
+			return send(requestBodyResponse(nil, nil))
+		case flat == 0:
+			return p.refuseUncountable(err, send)
 		}
-		return p.immediate(badRequest(code, err.Error()), send)
+		c = tokenizer.Count{InputTokens: flat}
 	}
-	p.count = c
-	p.allowance = p.pol.Allowance(c)
-	cost := c.InputTokens + p.allowance
-	req := buckets.Request{ID: p.id + "-" + randomID()[:8], Cost: float64(cost), Priority: p.priority}
-	for _, r := range p.pol.Buckets {
-		req.Buckets = append(req.Buckets, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
-		})
-		p.hard = p.hard || r.Hard
+	p.req.count = c
+	p.req.allowance = p.pol.Allowance(c)
+	if p.ctx.Err() != nil {
+		return nil // the client left while its request was counted: nothing to reserve
 	}
-	for _, r := range p.pol.Concurrency {
-		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
-	}
-	// A request that may wait takes a place in the policy's queue before it
-	// asks the store, so MaxQueue is exact however many decide at once; the
-	// place is given back as soon as it is clear the request does not wait.
-	queue := p.s.waiting[p.policy]
-	holdsPlace := false
-	if p.pol.MaxWait > 0 {
-		switch {
-		case p.pol.MaxQueue == 0:
-			req.MaxWait = p.pol.MaxWait
-		case queue.Add(1) <= int64(p.pol.MaxQueue):
-			holdsPlace = true
-			req.MaxWait = p.pol.MaxWait
-		default:
-			queue.Add(-1)
-		}
-	}
-	leaveQueue := func() {
-		if holdsPlace {
-			holdsPlace = false
-			queue.Add(-1)
-		}
-	}
+	cost := c.InputTokens + p.req.allowance
+	d, leaveQueue, err := p.reserve(cost)
 	defer leaveQueue()
-	d, err := p.s.cfg.Store.Reserve(p.ctx, req)
-	if d.Wait == 0 || !d.OK {
-		leaveQueue()
-	}
 	if err != nil {
-		p.decision = "store_error"
+		p.req.decision = "store_error"
 		p.logAt(slog.LevelError, "bucket store unavailable", "err", err)
 		return p.immediate(unavailable(), send)
 	}
-	p.states = d.Buckets
-	p.input.Store(int64(c.InputTokens))
+	p.req.states = d.Buckets
+	p.st.input.Store(int64(c.InputTokens))
 	if !d.OK {
 		switch d.Reason {
 		case buckets.NeverAdmissible:
-			p.decision = "never_admissible"
+			p.req.decision = "never_admissible"
 		case buckets.ConcurrencyFull:
-			p.decision = "refused_requests"
+			p.req.decision = "refused_requests"
 		default:
-			p.decision = "refused_tokens"
+			p.req.decision = "refused_tokens"
 		}
 		return p.immediate(refusal(d, cost), send)
 	}
-	p.settleMu.Lock()
-	p.res = d.Reservation
-	p.settleMu.Unlock()
-	p.decision = "admitted"
-	p.scheduleRenewal()
+	p.st.mu.Lock()
+	p.st.res = d.Reservation
+	p.startRenewal()
+	p.st.mu.Unlock()
+	p.req.decision = "admitted"
 	if d.Wait > 0 {
-		p.waited = d.Wait
+		p.req.waited = d.Wait
 		// Envoy's per-message timer (200 ms by default) would answer 504
 		// while the request waits: extend it, in a message of its own. It
 		// takes effect only up to Envoy's max_message_timeout.
@@ -301,23 +288,105 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			return nil // the client left while waiting; finish refunds the reservation
 		}
 	}
-	var body []byte
+	body := p.rewrite(canRewrite)
+	p.req.body = nil
+	return send(requestBodyResponse(body, p.metadata(false)))
+}
+
+// reserve asks the store for cost tokens from every bucket of the policy's
+// chain and a slot from each concurrency limit (S3, S10, S11). A request
+// that may wait takes a place in the policy's queue before it asks (S12);
+// it keeps it, until it calls leaveQueue, only if it is to wait.
+func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), err error) {
+	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority}
+	for _, r := range p.pol.Buckets {
+		req.Buckets = append(req.Buckets, buckets.Bucket{
+			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
+			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
+		})
+		p.req.hard = p.req.hard || r.Hard
+	}
+	for _, r := range p.pol.Concurrency {
+		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
+	}
+	queue := p.s.queues[p.policy]
+	if p.pol.MaxWait > 0 && queue.enter() {
+		req.MaxWait = p.pol.MaxWait
+	}
+	ctx, cancel := p.storeCtx(p.s.cfg.StoreTimeout)
+	d, err = p.s.cfg.Store.Reserve(ctx, req)
+	cancel()
+	leaveQueue = func() {}
+	if req.MaxWait > 0 {
+		if err == nil && d.OK && d.Wait > 0 {
+			leaveQueue = queue.leave
+		} else {
+			queue.leave()
+		}
+	}
+	return d, leaveQueue, err
+}
+
+// rewrite returns the request body with include_usage asked for (S15) and
+// the output cap clamped to the reservation, when the policy says so and
+// the body can still be replaced; nil when it stays as it is.
+func (p *processor) rewrite(canRewrite bool) []byte {
+	c := p.req.count
 	inject := p.pol.InjectUsage && c.Stream && !c.IncludeUsage &&
 		(c.API == tokenizer.ChatCompletions || c.API == tokenizer.Completions)
 	clamp := 0
 	if p.pol.ClampOutput && c.API != tokenizer.Embeddings {
-		clamp = p.allowance
+		clamp = p.req.allowance
 	}
-	if canRewrite && (inject || clamp > 0) {
-		nb, err := rewriteBody(c.API, p.reqBody, inject, clamp)
-		if err != nil {
-			p.logAt(slog.LevelWarn, "request forwarded unchanged", "err", err)
-		} else {
-			body, p.injected = nb, inject
-		}
+	if !canRewrite || !inject && clamp == 0 {
+		return nil
 	}
-	p.reqBody = nil
-	return send(requestBodyResponse(body, p.metadata(false)))
+	body, err := rewriteBody(c.API, p.req.body, inject, clamp)
+	if err != nil {
+		p.logAt(slog.LevelWarn, "request body not rewritten: forwarded unchanged")
+		p.logAt(slog.LevelDebug, "request body not rewritten", "err", err)
+		return nil
+	}
+	p.req.injected = inject
+	return body
+}
+
+// uncounted decides what becomes of a request the tokenizer cannot count:
+// pass it unmetered, or charge it flat (flat > 0); neither means refuse it.
+// An endpoint no API matches follows the policy's UnknownEndpoints (S22);
+// everything else that cannot be counted is refused (S23).
+func (p *processor) uncounted(err error) (flat int, pass bool) {
+	if !errors.Is(err, tokenizer.ErrUnknownAPI) {
+		return 0, false
+	}
+	switch p.pol.UnknownEndpoints {
+	case unknownPass:
+		return 0, true
+	case unknownCharge:
+		return p.pol.UnknownEndpointTokens, false
+	}
+	return 0, false
+}
+
+// refuseUncountable answers 400 for a body that cannot be counted. The
+// tokenizer's message may quote the body: it reaches debug logs only, and
+// the client only when it quotes nothing (see clientDetail).
+func (p *processor) refuseUncountable(err error, send sendFunc) error {
+	p.req.decision = "bad_request"
+	code, msg := "invalid_request", "the request body cannot be counted"
+	switch {
+	case errors.Is(err, tokenizer.ErrMalformed):
+		code, msg = "malformed_json", "malformed request body"
+	case errors.Is(err, tokenizer.ErrUnknownAPI):
+		code, msg = "unknown_api", "the path and body match no API that tokengate meters"
+	case errors.Is(err, tokenizer.ErrUnknownModel):
+		code, msg = "unknown_model", "the request names a model tokengate cannot count, and no fallback encoding is configured"
+	case errors.Is(err, tokenizer.ErrInvalidCap):
+		code, msg = "invalid_max_tokens", "an output token cap is not a whole number within the allowed range"
+	}
+	p.logAt(slog.LevelInfo, "request refused: cannot count it", "code", code)
+	p.logAt(slog.LevelDebug, "request refused: cannot count it", "code", code, "err", err)
+	return p.immediate(badRequest(code, clientDetail(err.Error(), msg)), send)
 }
 
 func requestBodyResponse(body []byte, md *structpb.Struct) *extprocv3.ProcessingResponse {
@@ -344,37 +413,39 @@ func (p *processor) key(rule, per string, provider bool) string {
 	}
 	switch per {
 	case "":
-		return bucketKey(scope, rule, globalIdentity)
+		return bucketKey(scope, rule, globalPart)
 	case perModel:
-		m := p.count.Model
-		if m == "" {
-			m = "unknown"
+		if m := p.modelKey(); m != "" {
+			return bucketKey(scope, rule, identityPart(m))
 		}
-		return bucketKey(scope, rule, m)
+		return bucketKey(scope, rule, noModelPart)
 	}
-	v := p.ids[per]
+	v := p.req.ids[per]
 	if v == "" { // request headers were not sent to the server
-		v = anonymousIdentity
+		v = anonymousPart
 	}
 	return bucketKey(scope, rule, v)
 }
 
+// modelKey is the model that per-model buckets are keyed by.
+func (p *processor) modelKey() string { return p.req.count.Model }
+
 func (p *processor) immediate(r reply, send sendFunc) error {
 	p.done = true
+	p.req.reply = r.status
 	return send(r.proto(p.metadata(false)))
 }
 
 // metadata is the dynamic metadata of the running counts (S24).
 func (p *processor) metadata(final bool) *structpb.Struct {
 	fields := map[string]*structpb.Value{
-		"input_tokens":    structpb.NewNumberValue(float64(p.count.InputTokens)),
-		"output_tokens":   structpb.NewNumberValue(float64(p.output.Load())),
+		"input_tokens":    structpb.NewNumberValue(float64(p.req.count.InputTokens)),
+		"output_tokens":   structpb.NewNumberValue(float64(p.st.output.Load())),
 		"reserved_tokens": structpb.NewNumberValue(float64(p.reservedTokens())),
-		"decision":        structpb.NewStringValue(p.decision),
+		"decision":        structpb.NewStringValue(p.req.decision),
 	}
 	if final {
-		a, _ := p.settlement()
-		fields["settled_tokens"] = structpb.NewNumberValue(float64(a))
+		fields["settled_tokens"] = structpb.NewNumberValue(float64(p.settlement().actual))
 	}
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
 		p.s.cfg.Namespace: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
@@ -382,10 +453,21 @@ func (p *processor) metadata(final bool) *structpb.Struct {
 }
 
 func (p *processor) reservedTokens() int {
-	if p.res == nil {
+	if p.st.res == nil {
 		return 0
 	}
-	return int(p.res.Cost) + p.extended
+	return int(p.st.res.Cost) + p.st.extended
+}
+
+// storeCtx is the context of every store call that must finish whatever the
+// client does: a reservation or extension the store may already have
+// written is only known, and so settled, if its answer is read; and a
+// client's cancellation must never look like a store failure (S21).
+// Reserve and Extend are bounded by StoreTimeout, a safety net above the
+// store's own timeouts (the failover store decides what a slow store
+// means); settlement, renewals and pauses by SettleTimeout.
+func (p *processor) storeCtx(timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(p.ctx), timeout)
 }
 
 // logAt logs with the request's policy and id, building nothing when the
@@ -395,11 +477,5 @@ func (p *processor) logAt(level slog.Level, msg string, args ...any) {
 	if !p.s.cfg.Logger.Enabled(ctx, level) {
 		return
 	}
-	p.s.cfg.Logger.Log(ctx, level, msg, append([]any{"policy", p.policy, "request_id", p.id}, args...)...)
-}
-
-func randomID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
-	return hex.EncodeToString(b[:])
+	p.s.cfg.Logger.Log(ctx, level, msg, append([]any{"policy", p.policy, "request_id", p.req.id}, args...)...)
 }

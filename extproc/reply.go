@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -193,6 +194,24 @@ func formatReset(d time.Duration) string {
 	return fmt.Sprintf("%ds", s)
 }
 
+// clientDetail is detail, an error message that may quote the request, if
+// it quotes nothing: short, printable ASCII, without quotes, brackets or
+// braces (the tokenizer names positions and faults, and quotes any part of
+// the body it cites). Otherwise it is fallback. Prompt text never reaches a
+// client error (S23).
+func clientDetail(detail, fallback string) string {
+	if len(detail) > 200 {
+		return fallback
+	}
+	for i := 0; i < len(detail); i++ {
+		c := detail[i]
+		if c < ' ' || c > '~' || strings.IndexByte("\"'`\\{}[]<>", c) >= 0 {
+			return fallback
+		}
+	}
+	return detail
+}
+
 func badRequest(code, msg string) reply {
 	return reply{status: 400, detail: errorDetail{Code: code, Message: msg, Type: "invalid_request_error"}, details: "tokengate_bad_request"}
 }
@@ -203,6 +222,14 @@ func unauthorized(identity string) reply {
 		Message: fmt.Sprintf("request carries no %s identity and this route does not admit anonymous requests", identity),
 		Type:    "invalid_request_error",
 	}, details: "tokengate_missing_identity"}
+}
+
+func duplicateIdentity(identity string) reply {
+	return reply{status: 400, detail: errorDetail{
+		Code:    "duplicate_identity",
+		Message: fmt.Sprintf("request carries its %s identity more than once; send it once", identity),
+		Type:    "invalid_request_error",
+	}, details: "tokengate_duplicate_identity"}
 }
 
 func unavailable() reply {

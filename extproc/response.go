@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
 )
 
@@ -26,26 +24,26 @@ func (p *processor) duplex() bool {
 // on (S18) and prepares the live count (S13).
 func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) error {
 	hdr := headerMap(h.GetHeaders())
-	p.status, _ = strconv.Atoi(hdr[":status"])
-	if p.status == 0 {
-		p.status = 200
+	p.resp.status, _ = strconv.Atoi(hdr[":status"])
+	if p.resp.status == 0 {
+		p.resp.status = 200
 	}
 	ce := strings.ToLower(hdr["content-encoding"])
-	p.encoded = ce != "" && ce != "identity"
-	p.sse = p.status == 200 && p.res != nil && !p.encoded &&
+	p.resp.encoded = ce != "" && ce != "identity"
+	p.resp.sse = p.resp.status == 200 && p.st.res != nil && !p.resp.encoded &&
 		strings.HasPrefix(strings.ToLower(hdr["content-type"]), "text/event-stream")
-	if p.sse {
-		p.stream = provider.NewStream(p.count.API, p.count.IncludeUsage, p.injected)
-		p.framer = *framerPool.Get().(*provider.Framer) // emptied by Flush before it was pooled
-		p.live = p.s.cfg.counter.NewLive(p.count.Encoding)
+	if p.resp.sse {
+		p.resp.stream = provider.NewStream(p.req.count.API, p.req.count.IncludeUsage, p.req.injected)
+		p.resp.framer = *framerPool.Get().(*provider.Framer) // emptied by Flush before it was pooled
+		p.resp.live = p.s.cfg.counter.NewLive(p.req.count.Encoding)
 	}
 	var set []*corev3.HeaderValueOption
-	if st, ok := mostLimiting(p.states); ok {
+	if st, ok := mostLimiting(p.req.states); ok {
 		for _, kv := range limitHeaders(st) {
 			set = append(set, headerOption(kv[0], kv[1]))
 		}
 	}
-	if p.status == 429 && p.res != nil {
+	if p.resp.status == 429 && p.st.res != nil {
 		if ra := p.providerPause(hdr[headerRetryAfter]); ra != "" {
 			set = append(set, headerOption(headerRetryAfter, ra))
 		}
@@ -56,15 +54,15 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 		}},
 	}
 	if h.GetEndOfStream() {
-		p.eosSeen = true
+		p.resp.eosSeen = true
 	}
-	if p.res != nil {
+	if p.st.res != nil {
 		resp.DynamicMetadata = p.metadata(false)
 	}
 	if err := send(resp); err != nil {
 		return err
 	}
-	if p.eosSeen {
+	if p.resp.eosSeen {
 		p.settle()
 	}
 	return nil
@@ -82,7 +80,7 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 	}
 	now := p.s.cfg.Now()
 	var keys []string
-	for _, b := range p.res.Buckets {
+	for _, b := range p.st.res.Buckets {
 		for _, r := range p.pol.Buckets {
 			if r.Name == b.Name && r.Provider {
 				keys = append(keys, b.Key)
@@ -98,9 +96,9 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 		if mine.After(until) {
 			until = mine
 		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
+		ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
 		defer cancel()
-		for _, b := range p.res.Buckets {
+		for _, b := range p.st.res.Buckets {
 			for _, k := range keys {
 				if b.Key != k {
 					continue
@@ -122,37 +120,33 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 
 func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	chunk, eos := b.GetBody(), b.GetEndOfStream()
-	p.answers++
-	p.renewSlots()
-	if !p.sse {
-		if p.res != nil && !p.eosSeen && len(p.respBody)+len(chunk) <= p.s.cfg.MaxBodyBytes {
-			p.respBody = append(p.respBody, chunk...)
-		}
+	p.resp.answers++
+	switch {
+	case !p.resp.sse:
+		p.keepBody(chunk)
 		if eos {
-			p.eosSeen = true
+			p.resp.eosSeen = true
 			p.readUsage()
 		}
-		var err error
-		if p.duplex() {
-			err = p.sendStreamed(chunk, eos)
-		} else {
-			err = send(p.bodyAnswer(nil, false, eos))
+		return p.passOn(chunk, eos)
+	case p.resp.unread:
+		if eos {
+			p.resp.eosSeen = true
 		}
-		if err == nil && eos {
-			p.settle()
-		}
-		return err
-	}
-	if p.cut { // STREAMED mode after a cut-off: the client already has its end
-		p.framer.Feed(chunk)
-		for ev, ok := p.framer.Next(); ok; ev, ok = p.framer.Next() {
+		return p.passOn(chunk, eos)
+	case p.resp.cut: // STREAMED mode after a cut-off: the client already has its end
+		p.resp.framer.Feed(chunk)
+		for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
 			p.observeAfterCut(ev)
 		}
+		if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
+			p.resp.framer.Flush() // unbounded: its usage is lost
+		}
 		if eos {
-			if tail := p.framer.Flush(); len(tail) > 0 {
+			if tail := p.resp.framer.Flush(); len(tail) > 0 {
 				p.observeAfterCut(tail)
 			}
-			p.eosSeen = true
+			p.resp.eosSeen = true
 		}
 		err := send(p.bodyAnswer(nil, true, eos))
 		if err == nil && eos {
@@ -160,24 +154,61 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 		}
 		return err
 	}
-	p.growOut(len(chunk) + len(p.framer.Pending()))
-	p.framer.Feed(chunk)
-	for ev, ok := p.framer.Next(); ok; ev, ok = p.framer.Next() {
+	p.growOut(len(chunk) + len(p.resp.framer.Pending()))
+	p.resp.framer.Feed(chunk)
+	for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
 		if p.observe(ev) {
 			return p.cutOff(send)
 		}
 	}
 	if eos {
-		if tail := p.framer.Flush(); len(tail) > 0 && p.observe(tail) {
+		if tail := p.resp.framer.Flush(); len(tail) > 0 && p.observe(tail) {
 			return p.cutOff(send)
 		}
-		p.eosSeen = true
+		p.resp.eosSeen = true
+	} else if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
+		// One event without end past the bound: holding more would let an
+		// upstream grow this buffer without limit. What is held goes on
+		// now, the rest of the stream as it comes, unread.
+		p.resp.unread = true
+		p.resp.out = append(p.resp.out, p.resp.framer.Flush()...)
+		p.logAt(slog.LevelWarn, "server-sent event beyond the bound: stream forwarded unread, settled at its reservation",
+			"limit", p.s.cfg.MaxEventBytes)
 	}
 	var err error
 	if p.duplex() {
-		err = p.sendStreamed(p.out, eos)
+		err = p.sendStreamed(p.resp.out, eos)
 	} else {
-		err = send(p.bodyAnswer(p.out, true, eos))
+		err = send(p.bodyAnswer(p.resp.out, true, eos))
+	}
+	if err == nil && eos {
+		p.settle()
+	}
+	return err
+}
+
+// keepBody keeps a chunk of a non-streamed body to read its usage at the
+// end, up to MaxBodyBytes. Once a chunk would pass the bound nothing more is
+// kept, not even later chunks that would fit: usage read from a body with a
+// hole in it could be anything.
+func (p *processor) keepBody(chunk []byte) {
+	if p.st.res == nil || p.resp.eosSeen || p.resp.bodyDropped {
+		return
+	}
+	if len(p.resp.body)+len(chunk) > p.s.cfg.MaxBodyBytes {
+		p.resp.body, p.resp.bodyDropped = nil, true
+		return
+	}
+	p.resp.body = append(p.resp.body, chunk...)
+}
+
+// passOn forwards a chunk unchanged.
+func (p *processor) passOn(chunk []byte, eos bool) error {
+	var err error
+	if p.duplex() {
+		err = p.sendStreamed(chunk, eos)
+	} else {
+		err = p.send(p.bodyAnswer(nil, false, eos))
 	}
 	if err == nil && eos {
 		p.settle()
@@ -195,11 +226,11 @@ var framerPool = sync.Pool{New: func() any { return new(provider.Framer) }}
 // releaseFramer returns the framer's buffer to the pool, unless it grew
 // large; nothing may refer to what the framer returned afterwards.
 func (p *processor) releaseFramer() {
-	if !p.sse {
+	if !p.resp.sse {
 		return
 	}
-	f := p.framer
-	p.framer = provider.Framer{}
+	f := p.resp.framer
+	p.resp.framer = provider.Framer{}
 	if f.Flush(); cap(f.Pending()) <= 1<<20 {
 		framerPool.Put(&f)
 	}
@@ -207,27 +238,27 @@ func (p *processor) releaseFramer() {
 
 // growOut empties the forward buffer and makes room for n bytes.
 func (p *processor) growOut(n int) {
-	if p.outBuf == nil {
-		p.outBuf = outPool.Get().(*[]byte)
-		p.out = (*p.outBuf)[:0]
+	if p.resp.outBuf == nil {
+		p.resp.outBuf = outPool.Get().(*[]byte)
+		p.resp.out = (*p.resp.outBuf)[:0]
 	}
-	p.out = p.out[:0]
-	if cap(p.out) < n {
-		p.out = make([]byte, 0, n+n/4)
+	p.resp.out = p.resp.out[:0]
+	if cap(p.resp.out) < n {
+		p.resp.out = make([]byte, 0, n+n/4)
 	}
 }
 
 // releaseOut returns the forward buffer to the pool; nothing may refer to
 // it afterwards.
 func (p *processor) releaseOut() {
-	if p.outBuf == nil {
+	if p.resp.outBuf == nil {
 		return
 	}
-	if cap(p.out) <= 1<<20 {
-		*p.outBuf = p.out[:0]
-		outPool.Put(p.outBuf)
+	if cap(p.resp.out) <= 1<<20 {
+		*p.resp.outBuf = p.resp.out[:0]
+		outPool.Put(p.resp.outBuf)
 	}
-	p.outBuf, p.out = nil, nil
+	p.resp.outBuf, p.resp.out = nil, nil
 }
 
 // observe reads one complete event, counts its output and meters it against
@@ -235,74 +266,81 @@ func (p *processor) releaseOut() {
 // because a hard budget ran out (S14); the event is then counted (the
 // upstream generated it) but not forwarded.
 func (p *processor) observe(ev []byte) bool {
-	e, err := p.stream.Observe(ev)
+	e, err := p.resp.stream.Observe(ev)
 	if err != nil {
 		p.logAt(slog.LevelDebug, "unreadable stream event forwarded as is", "err", err)
-		p.out = append(p.out, ev...)
+		p.resp.out = append(p.resp.out, ev...)
 		return false
 	}
 	if e.Usage {
-		p.usage, p.usageOK = p.stream.Usage()
+		p.resp.usage, p.resp.usageOK = p.resp.stream.Usage()
 	}
 	if e.Text != "" {
-		before := int(p.output.Load()) // the count after the previous event
-		p.live.Write(e.Text)
-		n := p.live.Tokens()
-		p.output.Store(int64(n))
+		before := int(p.st.output.Load()) // the count after the previous event
+		p.resp.live.Write(e.Text)
+		n := p.resp.live.Tokens()
+		p.st.output.Store(int64(n))
 		if p.overBudget(n) {
-			p.delivered = before
-			p.stream.Withhold() // the client never gets this event
+			p.resp.delivered = before
+			p.resp.stream.Withhold() // the client never gets this event
 			return true
 		}
 	}
-	p.out = append(p.out, e.Forward...)
+	p.resp.out = append(p.resp.out, e.Forward...)
 	return false
 }
 
 func (p *processor) observeAfterCut(ev []byte) {
-	e, err := p.stream.Observe(ev)
+	e, err := p.resp.stream.Observe(ev)
 	if err != nil {
 		return
 	}
 	if e.Usage {
-		p.usage, p.usageOK = p.stream.Usage()
+		p.resp.usage, p.resp.usageOK = p.resp.stream.Usage()
 	}
 }
 
 // overBudget reports whether n output tokens exceed a hard budget: the
 // policy's per-request cap (no store call) or a hard bucket, debited with
-// Extend in batches only beyond what was reserved.
+// Extend in batches only beyond what was reserved (S14).
+//
+// Extensions and settlement exclude each other: once the reservation is
+// settled (Shutdown settles open streams) nothing backs more output, and an
+// extension then would debit tokens that no settlement gives back, so the
+// stream is cut instead. A store error cuts too: failing closed, a hard
+// budget the store cannot confirm is spent (S21); failing open, the
+// failover store answers for the store itself.
 func (p *processor) overBudget(n int) bool {
 	if m := p.pol.MaxOutputTokens; m > 0 && n > m {
 		return true
 	}
-	if !p.hard || n <= p.allowance+p.extended {
+	if !p.req.hard || n <= p.req.allowance+p.st.extended {
 		return false
 	}
-	need := n - p.allowance - p.extended
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled {
+		return true
+	}
+	ctx, cancel := p.storeCtx(p.s.cfg.StoreTimeout)
+	defer cancel()
+	need := n - p.req.allowance - p.st.extended
 	batch := max(need, extendBatch)
-	ok, err := p.s.cfg.Store.Extend(p.ctx, p.res, float64(batch))
-	if err != nil {
-		// The store is unreachable: a stream is not cut for the store's
-		// sake; settlement charges what was counted.
-		p.logAt(slog.LevelWarn, "cannot extend hard budget", "err", err)
-		return false
-	}
-	if !ok && batch > need {
+	ok, err := p.s.cfg.Store.Extend(ctx, p.st.res, float64(batch))
+	if err == nil && !ok && batch > need {
 		// Retry with just what this event needs, so a nearly empty bucket
 		// still delivers its last tokens.
 		batch = need
-		ok, err = p.s.cfg.Store.Extend(p.ctx, p.res, float64(batch))
-		if err != nil {
-			p.logAt(slog.LevelWarn, "cannot extend hard budget", "err", err)
-			return false
-		}
+		ok, err = p.s.cfg.Store.Extend(ctx, p.st.res, float64(batch))
 	}
-	if !ok {
+	if err != nil {
+		p.logAt(slog.LevelWarn, "cannot extend hard budget: stream cut off", "err", err)
 		return true
 	}
-	p.extended += batch
-	return false
+	if ok {
+		p.st.extended += batch
+	}
+	return !ok
 }
 
 // cutOff ends the stream now (S14): the tail is dropped, the closing events
@@ -311,40 +349,40 @@ func (p *processor) overBudget(n int) bool {
 // In STREAMED they replace this chunk and later chunks are cleared (the
 // upstream runs on; see README).
 func (p *processor) cutOff(send sendFunc) error {
-	p.cut = true
-	delivered := provider.Usage{InputTokens: p.count.InputTokens, OutputTokens: p.delivered}
-	p.out = append(p.out, p.stream.Close(delivered)...)
-	p.logAt(slog.LevelInfo, "stream cut off at hard budget", "delivered_tokens", p.delivered, "counted_tokens", p.output.Load())
+	p.resp.cut = true
+	delivered := provider.Usage{InputTokens: p.req.count.InputTokens, OutputTokens: p.resp.delivered}
+	p.resp.out = append(p.resp.out, p.resp.stream.Close(delivered)...)
+	p.logAt(slog.LevelInfo, "stream cut off at hard budget", "delivered_tokens", p.resp.delivered, "counted_tokens", p.st.output.Load())
 	if !p.duplex() {
 		// The upstream runs on: keep reading what it sends for its usage,
 		// which is what the provider bills.
-		for ev, ok := p.framer.Next(); ok; ev, ok = p.framer.Next() {
+		for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
 			p.observeAfterCut(ev)
 		}
-		return send(p.bodyAnswer(p.out, true, false))
+		return send(p.bodyAnswer(p.resp.out, true, false))
 	}
 	p.done = true
-	err := p.sendStreamed(p.out, true)
+	err := p.sendStreamed(p.resp.out, true)
 	p.settle()
 	return err
 }
 
 func (p *processor) responseTrailers(send sendFunc) error {
-	if p.duplex() && !p.cut {
-		p.growOut(len(p.framer.Pending()))
-		if p.sse {
-			if tail := p.framer.Flush(); len(tail) > 0 && p.observe(tail) {
+	if p.duplex() && !p.resp.cut {
+		p.growOut(len(p.resp.framer.Pending()))
+		if p.resp.sse {
+			if tail := p.resp.framer.Flush(); len(tail) > 0 && p.observe(tail) {
 				return p.cutOff(send)
 			}
 		}
-		if len(p.out) > 0 {
-			if err := p.sendStreamed(p.out, false); err != nil {
+		if len(p.resp.out) > 0 {
+			if err := p.sendStreamed(p.resp.out, false); err != nil {
 				return err
 			}
 		}
 	}
-	p.eosSeen = true
-	if !p.sse {
+	p.resp.eosSeen = true
+	if !p.resp.sse {
 		p.readUsage()
 	}
 	err := send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
@@ -356,22 +394,22 @@ func (p *processor) responseTrailers(send sendFunc) error {
 
 // sendStreamed sends one FULL_DUPLEX_STREAMED answer, reusing one message.
 func (p *processor) sendStreamed(body []byte, eos bool) error {
-	if p.streamResp == nil {
-		p.streamBody = &extprocv3.StreamedBodyResponse{}
-		p.streamResp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+	if p.resp.streamResp == nil {
+		p.resp.streamBody = &extprocv3.StreamedBodyResponse{}
+		p.resp.streamResp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
 			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-				BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: p.streamBody}},
+				BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: p.resp.streamBody}},
 			}},
 		}}
 	}
-	p.streamBody.Body, p.streamBody.EndOfStream = body, eos
-	p.streamResp.DynamicMetadata = nil
+	p.resp.streamBody.Body, p.resp.streamBody.EndOfStream = body, eos
+	p.resp.streamResp.DynamicMetadata = nil
 	if eos {
-		p.streamResp.DynamicMetadata = p.finalMetadata()
-	} else if p.res != nil && p.answers%metadataEvery == 0 {
-		p.streamResp.DynamicMetadata = p.metadata(false)
+		p.resp.streamResp.DynamicMetadata = p.finalMetadata()
+	} else if p.st.res != nil && p.resp.answers%metadataEvery == 0 {
+		p.resp.streamResp.DynamicMetadata = p.metadata(false)
 	}
-	return p.send(p.streamResp)
+	return p.send(p.resp.streamResp)
 }
 
 // bodyAnswer is a response body answer in STREAMED or BUFFERED mode (1:1):
@@ -390,198 +428,28 @@ func (p *processor) bodyAnswer(body []byte, replace, eos bool) *extprocv3.Proces
 	}}
 	if eos {
 		resp.DynamicMetadata = p.finalMetadata()
-	} else if p.res != nil && p.answers%metadataEvery == 0 {
+	} else if p.st.res != nil && p.resp.answers%metadataEvery == 0 {
 		resp.DynamicMetadata = p.metadata(false)
 	}
 	return resp
 }
 
 func (p *processor) finalMetadata() *structpb.Struct {
-	if p.res == nil {
+	if p.st.res == nil {
 		return nil
 	}
 	return p.metadata(true)
 }
 
 func (p *processor) readUsage() {
-	if p.res == nil || len(p.respBody) == 0 || p.encoded {
+	if p.st.res == nil || len(p.resp.body) == 0 || p.resp.encoded || p.resp.bodyDropped {
 		return
 	}
-	u, ok, err := provider.ParseUsage(p.count.API, p.respBody)
+	u, ok, err := provider.ParseUsage(p.req.count.API, p.resp.body)
 	if err != nil {
 		p.logAt(slog.LevelDebug, "response usage unreadable", "err", err)
 		return
 	}
-	p.usage, p.usageOK = u, ok
-	p.respBody = nil
-}
-
-// settlement is what the request costs, and why (S8):
-//   - cut off: the prompt and every output token counted (what was
-//     delivered plus the event in flight the upstream generated);
-//   - no response seen (upstream connect failure, client gone before the
-//     answer): nothing; the provider bills no request it never answered;
-//   - upstream error status: the provider's usage if it reported any, else
-//     nothing;
-//   - provider usage reported: that, authoritative;
-//   - streamed: the prompt and the live output count, ended or aborted;
-//   - not streamed and no usage reported: the reservation stands.
-func (p *processor) settlement() (int, string) {
-	in := p.count.InputTokens
-	switch {
-	case p.cut:
-		if p.usageOK && p.usage.Total() > 0 && !p.duplex() {
-			return p.usage.Total(), "cut_off"
-		}
-		return in + int(p.output.Load()), "cut_off"
-	case p.status == 0:
-		return 0, "no_response"
-	case p.status >= 400:
-		if p.usageOK {
-			return p.usage.Total(), "upstream_error"
-		}
-		return 0, "upstream_error"
-	}
-	outcome := "complete"
-	if !p.eosSeen {
-		outcome = "aborted"
-	}
-	switch {
-	case p.usageOK:
-		return p.usage.Total(), outcome
-	case p.sse:
-		return in + int(p.output.Load()), outcome
-	}
-	return p.reservedTokens(), outcome
-}
-
-// settle settles the reservation exactly once, under a context that is not
-// the stream's, with a short timeout (S8).
-func (p *processor) settle() {
-	p.settleMu.Lock()
-	defer p.settleMu.Unlock()
-	if p.settled || p.res == nil {
-		return
-	}
-	p.settled = true
-	p.actual, p.outcome = p.settlement()
-	p.settleStore(p.actual)
-	if p.outcome == "complete" && p.status == 200 && p.count.Model != "" {
-		out := int(p.output.Load())
-		if p.usageOK {
-			out = p.usage.OutputTokens
-		}
-		if p.usageOK || p.sse {
-			p.s.cfg.counter.Observe(p.policy, p.count.Model, out)
-		}
-	}
-}
-
-// settleStore calls the store; settleMu is held.
-func (p *processor) settleStore(actual int) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
-	defer cancel()
-	states, err := p.s.cfg.Store.Settle(ctx, p.res, float64(actual))
-	if err != nil {
-		p.logAt(slog.LevelError, "settlement failed", "reserved", p.reservedTokens(), "actual", actual, "err", err)
-		return
-	}
-	for _, st := range states {
-		if st.Remaining < 0 {
-			p.inDebt = append(p.inDebt, st.Name)
-		}
-	}
-}
-
-// abandon settles an open reservation from Shutdown, as an aborted request.
-func (p *processor) abandon() {
-	p.settleMu.Lock()
-	defer p.settleMu.Unlock()
-	if p.settled || p.res == nil {
-		return
-	}
-	p.settled = true
-	p.actual = int(p.input.Load() + p.output.Load())
-	p.outcome = "shutdown"
-	p.settleStore(p.actual)
-}
-
-// finish runs once when the stream ends, on every path: it settles what is
-// still open (an aborted request) and records the request's outcome. It is
-// the one place per request where outcomes are reported.
-func (p *processor) finish() {
-	p.releaseOut()
-	p.releaseFramer()
-	p.settle()
-	p.settleMu.Lock()
-	actual, outcome, settled, inDebt := p.actual, p.outcome, p.settled, p.inDebt
-	p.settleMu.Unlock()
-	level := slog.LevelInfo
-	if p.decision == "admitted" && outcome == "complete" || p.decision == "unmetered" {
-		level = slog.LevelDebug // the common case: keep Info for what an operator acts on
-	}
-	if p.s.cfg.Logger.Enabled(context.Background(), level) {
-		attrs := []any{
-			"decision", p.decision,
-			"api", string(p.count.API), "model", p.count.Model,
-			"input_tokens", p.count.InputTokens, "allowance", p.allowance,
-			"reserved", p.reservedTokens(), "output_tokens", p.output.Load(),
-			"status", p.status, "cut_off", p.cut,
-		}
-		if settled {
-			attrs = append(attrs, "settled", actual, "outcome", outcome)
-		}
-		if p.waited > 0 {
-			attrs = append(attrs, "waited", p.waited)
-		}
-		p.logAt(level, "request finished", attrs...)
-	}
-	if p.s.cfg.OnFinish != nil {
-		policy := p.policy
-		if p.pol == nil {
-			policy = unknownPolicy // a name from the route, not from the configuration
-		}
-		p.s.cfg.OnFinish(Outcome{
-			Policy: policy, Decision: p.decision, Model: p.count.Model,
-			InputTokens: p.count.InputTokens, Reserved: p.reservedTokens(),
-			Output: int(p.output.Load()), Settled: actual, SettleOutcome: outcome,
-			CutOff: p.cut, Status: p.status, Usage: p.usageOK,
-			AllowanceSource: string(p.count.AllowanceSource), FallbackEncoding: p.count.Fallback,
-			Waited: p.waited, InDebt: inDebt,
-		})
-	}
-}
-
-// scheduleRenewal plans the renewal of the request's concurrency slots: a
-// response that runs longer than a slot's lease must keep its slot, or the
-// limit would admit more requests than it allows (S11).
-func (p *processor) scheduleRenewal() {
-	for _, sl := range p.res.Slots {
-		if half := sl.LeaseOrDefault() / 2; p.renewIn == 0 || half < p.renewIn {
-			p.renewIn = half
-		}
-	}
-	p.renewAt = p.s.cfg.Now().Add(p.renewIn)
-}
-
-// renewSlots renews the slots once half a lease has passed since admission
-// or the last renewal; between renewals it costs a clock read per chunk.
-func (p *processor) renewSlots() {
-	if p.renewIn == 0 || p.res == nil {
-		return
-	}
-	now := p.s.cfg.Now()
-	if now.Before(p.renewAt) {
-		return
-	}
-	p.renewAt = now.Add(p.renewIn)
-	r, ok := p.s.cfg.Store.(buckets.Renewer)
-	if !ok {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.s.cfg.SettleTimeout)
-	defer cancel()
-	if err := r.Renew(ctx, p.res); err != nil {
-		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease", "err", err)
-	}
+	p.resp.usage, p.resp.usageOK = u, ok
+	p.resp.body = nil
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -561,7 +560,7 @@ func TestWaitingQueueBounded(t *testing.T) {
 		done <- resp.StatusCode
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for r.srv.waiting["p"].Load() == 0 {
+	for r.srv.queues["p"].waiting.Load() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the second request never waited")
 		}
@@ -766,36 +765,63 @@ func TestSettlementIntoDebtReported(t *testing.T) {
 	}
 }
 
-// S11: a response that runs longer than its concurrency slot's lease renews
-// the slot, once per half lease, so the limit keeps counting it.
+// S11: a response that runs longer than its concurrency slot's lease
+// renews the slot, once per half lease, so the limit keeps counting it; a
+// request without slots starts no renewal.
 func TestLongStreamRenewsSlots(t *testing.T) {
-	var ticks atomic.Int64 // every clock read moves time on by 40 s, past half the lease
-	start := time.Unix(1_000_000, 0)
-	now := func() time.Time { return start.Add(time.Duration(ticks.Add(1)) * 40 * time.Second) }
-	events := words(40)
-	chunks := make([][]byte, len(events))
-	for i, e := range events {
-		chunks[i] = sse(e)
-	}
-	u := &upstream{Chunks: chunks}
+	clk := newFakeClock()
+	u := &upstream{Chunks: [][]byte{sse(words(3)...)}, Hang: true}
 	pol := Policy{Name: "p",
 		Buckets:     []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 10000, Rate: 1}}},
 		Concurrency: []ConcurrencyRule{{Name: "c", Max: 1, Lease: time.Minute}}}
-	r := newRig(t, u, rigOptions{policies: []Policy{pol}, now: now})
-	r.post(t, chatPath, `{"model":"m","stream":true,"max_tokens":100,"messages":[]}`, nil)
-	r.outcome(t)
-	r.store.mu.Lock()
-	got := r.store.renewals
-	r.store.mu.Unlock()
-	if got == 0 {
-		t.Error("a stream far longer than its slot lease never renewed the slot")
+	for _, slots := range []bool{true, false} {
+		if !slots {
+			pol.Concurrency = nil
+		}
+		r := newRig(t, u, rigOptions{policies: []Policy{pol}, clock: clk, store: buckets.NewMemory(buckets.MemoryOptions{Now: clk.now})})
+		req, err := http.NewRequest("POST", r.front.URL+chatPath, strings.NewReader(`{"model":"m","stream":true,"max_tokens":100,"messages":[]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := r.front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := resp.Body.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		for range 10 { // five leases
+			clk.advance(30 * time.Second)
+		}
+		resp.Body.Close()
+		r.outcome(t)
+		r.store.mu.Lock()
+		got := r.store.renewals
+		r.store.mu.Unlock()
+		switch {
+		case slots && got != 10:
+			t.Errorf("a stream open for five leases renewed its slot %d times, want 10 (every half lease)", got)
+		case !slots && got != 0:
+			t.Errorf("a request without slots renewed %d times", got)
+		}
+		if n := clk.pending(); n != 0 {
+			t.Errorf("%d renewal timers left after settlement", n)
+		}
 	}
-	pol.Concurrency = nil
-	u2 := &upstream{Chunks: chunks}
-	r2 := newRig(t, u2, rigOptions{policies: []Policy{pol}, now: now})
-	r2.post(t, chatPath, `{"model":"m","stream":true,"max_tokens":100,"messages":[]}`, nil)
-	r2.outcome(t)
-	if r2.store.renewals != 0 {
-		t.Errorf("a request without slots renewed %d times", r2.store.renewals)
+}
+
+// S12: MaxQueue bounds the requests that wait; zero lets none wait, whatever
+// MaxWait says: a request short of tokens is refused at once.
+func TestMaxQueueZeroMeansNoneWait(t *testing.T) {
+	pol := Policy{Name: "p", MaxWait: 5 * time.Second, MaxQueue: 0,
+		Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 100, Rate: 100}}}}
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, maxMsgTimeout: 10 * time.Second})
+	body := `{"model":"m","max_tokens":80,"messages":[]}`
+	if resp, _ := r.post(t, chatPath, body, nil); resp.StatusCode != 200 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	if resp, _ := r.post(t, chatPath, body, nil); resp.StatusCode != 429 {
+		t.Errorf("second, short of tokens, with MaxQueue 0: %d, want 429 at once", resp.StatusCode)
 	}
 }

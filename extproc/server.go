@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -26,8 +25,8 @@ type Server struct {
 
 	cfg      Config
 	policies map[string]*Policy
-	waiting  map[string]*atomic.Int64 // requests waiting per policy (S12)
-	pauses   sync.Map                 // bucket key → time.Time: provider pauses seen here (S18)
+	queues   map[string]*waitQueue // requests waiting per policy (S12)
+	pauses   sync.Map              // bucket key → time.Time: provider pauses seen here (S18)
 
 	mu      sync.Mutex
 	closing bool
@@ -52,13 +51,13 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		policies: make(map[string]*Policy, len(cfg.Policies)),
-		waiting:  make(map[string]*atomic.Int64, len(cfg.Policies)),
+		queues:   make(map[string]*waitQueue, len(cfg.Policies)),
 		open:     map[*processor]struct{}{},
 	}
 	for i := range s.cfg.Policies {
 		p := &s.cfg.Policies[i]
 		s.policies[p.Name] = p
-		s.waiting[p.Name] = new(atomic.Int64)
+		s.queues[p.Name] = &waitQueue{max: int64(p.MaxQueue)}
 	}
 	return s, nil
 }
@@ -71,7 +70,8 @@ func (s *Server) Register(g *grpc.Server) {
 // Process serves one HTTP request's ext_proc stream. io.EOF and
 // cancellation from Recv are normal ends. It never ends a stream with OK
 // while the request is still being metered by its own choice: it returns
-// only when Envoy ends the stream.
+// when Envoy ends the stream, or with DEADLINE_EXCEEDED when Envoy sent
+// nothing for StreamIdleTimeout.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
 	p, err := s.start(ctx)
@@ -79,24 +79,79 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		return err
 	}
 	defer s.stop(p)
+	// Recv blocks until Envoy sends or the stream ends: it runs on a
+	// goroutine of its own so that the idle limit can end the stream; that
+	// goroutine ends with the stream. It reads one message ahead.
+	msgs := make(chan received, 1)
+	go receive(ctx, stream, msgs)
+	idle := time.NewTimer(s.cfg.StreamIdleTimeout)
+	defer idle.Stop()
 	for {
-		req, err := stream.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+		var m received
+		select {
+		case m = <-msgs:
+		case <-ctx.Done():
+			return nil // Envoy ended the stream
+		case <-idle.C:
+			p.logAt(slog.LevelWarn, "stream ended: Envoy sent nothing within the idle limit", "limit", s.cfg.StreamIdleTimeout)
+			return status.Error(codes.DeadlineExceeded, "ext_proc stream idle")
+		}
+		if m.err != nil {
+			if errors.Is(m.err, io.EOF) || status.Code(m.err) == codes.Canceled || errors.Is(m.err, context.Canceled) {
 				return nil
 			}
-			return err
+			return m.err
 		}
+		idle.Reset(s.cfg.StreamIdleTimeout)
 		if p.done {
 			continue // after an immediate response or a cut-off, Envoy may still send what was in flight
 		}
-		if err := p.handle(req, stream.Send); err != nil {
+		if err := p.handle(m.req, stream.Send); err != nil {
 			if status.Code(err) != codes.Unknown {
 				return err
 			}
 			return status.Error(codes.Internal, err.Error())
 		}
 	}
+}
+
+// received is one result of Recv.
+type received struct {
+	req *extprocv3.ProcessingRequest
+	err error
+}
+
+// receive hands every message of stream to msgs until Recv fails or the
+// stream's context ends (Process has returned).
+func receive(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, msgs chan<- received) {
+	for {
+		req, err := stream.Recv()
+		select {
+		case msgs <- received{req, err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// ServerOptions are the gRPC server options the ext_proc service needs:
+// a receive limit above MaxBodyBytes, so that a body over the limit reaches
+// tokengate, which answers 413, instead of failing as a gRPC message-size
+// error that Envoy turns into a 500. Pass them to grpc.NewServer.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(s.RecvLimit())}
+}
+
+// RecvLimit is the gRPC receive limit ServerOptions sets: twice
+// MaxBodyBytes, and at least MaxBodyBytes + 1 MiB. A body up to it gets
+// tokengate's 413; Envoy's buffer limit for BUFFERED bodies should not be
+// larger.
+func (s *Server) RecvLimit() int {
+	b := s.cfg.MaxBodyBytes
+	return b + max(b, 1<<20)
 }
 
 func (s *Server) start(ctx context.Context) (*processor, error) {
@@ -110,6 +165,9 @@ func (s *Server) start(ctx context.Context) (*processor, error) {
 	defer s.mu.Unlock()
 	if s.closing {
 		return nil, status.Error(codes.Unavailable, "tokengate is shutting down")
+	}
+	if len(s.open) >= s.cfg.MaxStreams {
+		return nil, status.Error(codes.ResourceExhausted, "tokengate has the most streams open it allows")
 	}
 	p := newProcessor(ctx, s, policy)
 	s.open[p] = struct{}{}

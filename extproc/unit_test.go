@@ -41,19 +41,20 @@ func TestFormats(t *testing.T) {
 // S9a: keys are escaped so that no identity forges another key, and hashed
 // identities never show the raw value.
 func TestKeys(t *testing.T) {
-	if a, b := bucketKey("p", "user", "a:b"), bucketKey("p", "user:a", "b"); a == b {
+	if a, b := bucketKey("p", "user", identityPart("a:b")), bucketKey("p", "user:a", identityPart("b")); a == b {
 		t.Errorf("keys collide: %q", a)
 	}
-	if got := bucketKey("gold", "user", "alice"); got != "tg:gold:user:alice" {
+	if got := bucketKey("gold", "user", identityPart("alice")); got != "tg:gold:user:alice" {
 		t.Errorf("key %q", got)
 	}
-	v, ok := lookupIdentity(Identity{Name: "k", Header: "authorization", Hash: true}, map[string]string{"authorization": "Bearer sk-secret"}, nil)
-	if !ok || strings.Contains(v, "secret") || !strings.HasPrefix(v, "h.") {
-		t.Errorf("hashed identity %q", v)
+	hm := headersOf("authorization", "Bearer sk-secret")
+	v, ok, err := lookupIdentity(Identity{Name: "k", Header: "authorization", Hash: true}, hm, headerMap(hm), nil)
+	if !ok || err != nil || strings.Contains(v, "secret") || !strings.HasPrefix(v, "h.") {
+		t.Errorf("hashed identity %q (%v)", v, err)
 	}
 	md := map[string]*structpb.Struct{"jwt": mustStruct(t, map[string]any{"claims": map[string]any{"sub": "u1", "n": 7.0}})}
 	for path, want := range map[string]string{"claims.sub": "u1", "claims.n": "7", "claims.x": "", "claims": ""} {
-		got, _ := lookupIdentity(Identity{Name: "u", Metadata: "jwt", Path: path}, nil, md)
+		got, _, _ := lookupIdentity(Identity{Name: "u", Metadata: "jwt", Path: path}, nil, nil, md)
 		if got != want {
 			t.Errorf("metadata %s = %q, want %q", path, got, want)
 		}
@@ -190,4 +191,22 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// S7: the learned output estimate is per choice: a request with n choices
+// reports the output of all of them, and the estimate is multiplied by n
+// again when the next request asks for n choices.
+func TestLearnedEstimateRecordsPerChoiceOutput(t *testing.T) {
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte(
+		`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":30,"total_tokens":40}}`)}}
+	r := newRig(t, u, rigOptions{})
+	r.post(t, chatPath, `{"model":"m","n":3,"messages":[]}`, nil)
+	if o := r.outcome(t); o.Settled != 40 {
+		t.Fatalf("outcome %+v, want the reported 40 settled", o)
+	}
+	r.counter.mu.Lock()
+	defer r.counter.mu.Unlock()
+	if diff := cmp.Diff([]int{10}, r.counter.observed); diff != "" {
+		t.Errorf("observed output per request (-want +got):\n%s", diff)
+	}
 }

@@ -39,6 +39,8 @@ type Metrics struct {
 	forgiven      *prometheus.CounterVec
 	gateways      prometheus.Gauge
 	fallbackRate  prometheus.Gauge
+	clamped       *prometheus.CounterVec
+	unread        *prometheus.CounterVec
 }
 
 // New registers tokengate's collectors on reg.
@@ -107,6 +109,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tokengate_debt_forgiven_tokens_total",
 			Help: "Tokens used but not charged because settlement reached a bucket's floor (max_debt, or zero for a hard bucket; S9, S14), by bucket.",
 		}, []string{"bucket"}),
+		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_usage_clamped_total",
+			Help: "Settlements whose provider-reported usage was beyond what the request makes plausible; the bound was charged instead.",
+		}, []string{"policy"}),
+		unread: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_streams_unread_total",
+			Help: "Streams forwarded unread after one server-sent event passed the size bound; settled at the reservation.",
+		}, []string{"policy"}),
 	}
 	m.gateways = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tokengate_fleet_gateways",
@@ -118,7 +128,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	})
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
 		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven,
-		m.gateways, m.fallbackRate)
+		m.gateways, m.fallbackRate, m.clamped, m.unread)
 	m.storeUp.Set(1)
 	return m
 }
@@ -152,6 +162,12 @@ func (m *Metrics) Finish(o extproc.Outcome) {
 	}
 	if o.CutOff {
 		m.cutoffs.WithLabelValues(o.Policy).Inc()
+	}
+	if o.UsageClamped {
+		m.clamped.WithLabelValues(o.Policy).Inc()
+	}
+	if o.StreamUnread {
+		m.unread.WithLabelValues(o.Policy).Inc()
 	}
 	if o.SettleOutcome != "" {
 		m.streams.WithLabelValues(o.Policy, o.SettleOutcome).Inc()

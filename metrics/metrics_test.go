@@ -137,3 +137,24 @@ tokengate_fleet_gateways 4
 		t.Error(err)
 	}
 }
+
+// Settlements at the plausibility bound and streams forwarded unread are
+// counted by policy.
+func TestClampedAndUnreadCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Finish(extproc.Outcome{Policy: "p", Decision: "admitted", Reserved: 10, Settled: 4106, SettleOutcome: "complete", UsageClamped: true})
+	m.Finish(extproc.Outcome{Policy: "p", Decision: "admitted", Reserved: 60, Settled: 60, SettleOutcome: "aborted", StreamUnread: true})
+	m.Finish(extproc.Outcome{Policy: "p", Decision: "admitted", Reserved: 60, Settled: 20, SettleOutcome: "complete"})
+	want := `
+# HELP tokengate_usage_clamped_total Settlements whose provider-reported usage was beyond what the request makes plausible; the bound was charged instead.
+# TYPE tokengate_usage_clamped_total counter
+tokengate_usage_clamped_total{policy="p"} 1
+# HELP tokengate_streams_unread_total Streams forwarded unread after one server-sent event passed the size bound; settled at the reservation.
+# TYPE tokengate_streams_unread_total counter
+tokengate_streams_unread_total{policy="p"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_usage_clamped_total", "tokengate_streams_unread_total"); err != nil {
+		t.Error(err)
+	}
+}

@@ -64,6 +64,10 @@ type Count struct {
 	// IncludeUsage reports whether an OpenAI streaming request already asked
 	// for stream_options.include_usage.
 	IncludeUsage bool
+	// Choices is how many completions the output allowance covers (n,
+	// best_of, candidateCount, times the prompts of a completions batch);
+	// 0 means 1. Per-choice output is the output divided by it.
+	Choices int
 }
 
 // Reservation is the number of tokens to reserve: input plus output allowance.

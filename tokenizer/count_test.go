@@ -101,7 +101,7 @@ func TestCount(t *testing.T) {
 			name: "chat: name costs its tokens plus one; n multiplies the allowance",
 			req:  Request{Body: []byte(`{"model":"gpt-4","messages":[{"role":"user","name":"bob","content":[{"type":"text","text":"Hello"}]}],"max_tokens":10,"n":3}`)},
 			want: Count{API: ChatCompletions, Model: "gpt-4", Encoding: Cl100kBase, Exact: true, InputTokens: 3 + 1 + hello(Cl100kBase) + 1 + 1 + 3,
-				OutputCap: 10, OutputAllowance: 30, AllowanceSource: FromRequest},
+				OutputCap: 10, OutputAllowance: 30, AllowanceSource: FromRequest, Choices: 3},
 		},
 		{
 			name: "special-token strings in user text are text",
@@ -119,7 +119,7 @@ func TestCount(t *testing.T) {
 			name: "legacy completions default to 16 output tokens per prompt",
 			req:  Request{Body: []byte(`{"model":"babbage-002","prompt":["Hello","Hello"]}`)},
 			want: Count{API: Completions, Model: "babbage-002", Encoding: Cl100kBase, Exact: true, InputTokens: 2 * hello(Cl100kBase),
-				OutputAllowance: 32, AllowanceSource: FromRequest},
+				OutputAllowance: 32, AllowanceSource: FromRequest, Choices: 2},
 		},
 		{
 			name: "embeddings of token arrays count the ids",

@@ -225,6 +225,9 @@ func (c *Counter) Count(req Request) (Count, error) {
 		}
 	}
 	out.OutputAllowance = satMul(out.OutputAllowance, multiplier)
+	if multiplier > 1 {
+		out.Choices = multiplier
+	}
 	return out, nil
 }
 

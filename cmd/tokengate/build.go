@@ -138,6 +138,9 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 			ClampOutput:     cp.ClampOutput != nil && *cp.ClampOutput,
 			InjectUsage:     cp.InjectUsage == nil || *cp.InjectUsage,
 			PriorityHeader:  cp.PriorityHeader,
+
+			UnknownEndpoints:      cp.UnknownEndpoints,
+			UnknownEndpointTokens: cp.UnknownEndpointTokens,
 		}
 		if cp.Wait != nil {
 			p.MaxWait, p.MaxQueue = cp.Wait.MaxWait, cp.Wait.MaxQueue

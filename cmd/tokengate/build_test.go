@@ -29,6 +29,8 @@ policies:
     wait: {max_wait: 2s, max_queue: 5}
     max_output_tokens: 500
     clamp_output: true
+    unknown_endpoints: charge
+    unknown_endpoint_tokens: 25
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +53,9 @@ policies:
 		MaxOutputTokens: 500,
 		ClampOutput:     true,
 		InjectUsage:     true,
+
+		UnknownEndpoints:      "charge",
+		UnknownEndpointTokens: 25,
 	}}
 	if d := cmp.Diff(want, sc.Policies, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); d != "" {
 		t.Errorf("policies (-want +got):\n%s", d)

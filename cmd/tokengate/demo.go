@@ -121,7 +121,7 @@ func startDemo(ctx context.Context, opts demoOptions) (*demoEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Listeners.MaxRecvMsgBytes))
+	gs := grpc.NewServer(parts.server.ServerOptions()...)
 	parts.server.Register(gs)
 	go gs.Serve(gLis)
 	env.closers = append(env.closers, gs.Stop)

@@ -109,7 +109,9 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 	if sec.admin != nil {
 		ls.admin = tls.NewListener(ls.admin, sec.admin)
 	}
-	gs := grpc.NewServer(append(sec.grpc, grpc.MaxRecvMsgSize(cfg.Listeners.MaxRecvMsgBytes))...)
+	// The ext_proc server's own options: a gRPC receive limit above the body
+	// limit, so that an oversized body gets tokengate's 413.
+	gs := grpc.NewServer(append(sec.grpc, parts.server.ServerOptions()...)...)
 	parts.server.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)

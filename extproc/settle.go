@@ -1,0 +1,281 @@
+package extproc
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/extproc/provider"
+)
+
+// charge is what settling a request charges, and why.
+type charge struct {
+	actual  int
+	outcome string // complete, aborted, cut_off, upstream_error, no_response
+	// reported is the provider's usage when it was beyond what the request
+	// makes plausible and bound was charged instead.
+	reported, bound provider.Usage
+	clamped         bool
+}
+
+// settlement is what the request costs, and why (S8):
+//   - cut off: the prompt and every output token counted (what was
+//     delivered plus the event in flight the upstream generated); in
+//     STREAMED mode the upstream runs to its end, so its usage if reported;
+//   - no response seen (upstream connect failure, client gone before the
+//     answer): nothing; the provider bills no request it never answered;
+//   - upstream error status: the provider's usage if it reported any, else
+//     nothing;
+//   - provider usage reported: that, authoritative at the end of the stream;
+//     a stream that ended without its end charges the larger of the usage
+//     reported so far and the live count;
+//   - streamed: the prompt and the live output count, ended or aborted;
+//     a stream forwarded unread past an unbounded event: the reservation,
+//     or the count before the event when that is more;
+//   - not streamed and no usage reported: the reservation stands.
+//
+// Reported usage is bounded by what the request makes plausible (see
+// Config.UsageMargin).
+func (p *processor) settlement() charge {
+	in, live := p.req.count.InputTokens, int(p.st.output.Load())
+	switch {
+	case p.resp.cut:
+		if p.resp.usageOK && p.resp.usage.Total() > 0 && !p.duplex() {
+			return p.usageCharge(p.resp.usage, "cut_off")
+		}
+		return charge{actual: in + live, outcome: "cut_off"}
+	case p.resp.status == 0:
+		return charge{outcome: "no_response"}
+	case p.resp.status >= 400:
+		if p.resp.usageOK {
+			return p.usageCharge(p.resp.usage, "upstream_error")
+		}
+		return charge{outcome: "upstream_error"}
+	}
+	outcome := "complete"
+	if !p.resp.eosSeen {
+		outcome = "aborted"
+	}
+	switch {
+	case p.resp.unread:
+		// Nothing after the unbounded event was read: the reservation
+		// stands, or what was counted before it when that is more.
+		return charge{actual: max(p.reservedTokens(), in+live), outcome: outcome}
+	case p.resp.usageOK:
+		u := p.resp.usage
+		if !p.resp.eosSeen {
+			// Usage seen before the end is a running figure: Anthropic's
+			// message_start reports output_tokens 1, Gemini's
+			// usageMetadata lags. What was counted was generated.
+			u.OutputTokens = max(u.OutputTokens, live)
+			if u.InputTokens == 0 {
+				u.InputTokens = in
+			}
+		}
+		return p.usageCharge(u, outcome)
+	case p.resp.sse:
+		return charge{actual: in + live, outcome: outcome}
+	}
+	return charge{actual: p.reservedTokens(), outcome: outcome}
+}
+
+// usageCharge charges reported usage, bounded by what the request makes
+// plausible: the provider knows best what it billed, but not more than the
+// request could have cost, or one broken or hostile answer would drive the
+// shared buckets to their floor.
+func (p *processor) usageCharge(u provider.Usage, outcome string) charge {
+	cfg := &p.s.cfg
+	c := p.req.count
+	bound := provider.Usage{InputTokens: scaled(c.InputTokens, cfg.UsageMargin, cfg.UsageSlack)}
+	spent := p.req.allowance + p.st.extended
+	if c.OutputCap > 0 {
+		bound.OutputTokens = max(c.OutputCap*max(1, c.Choices), spent) + cfg.UsageSlack
+	} else {
+		bound.OutputTokens = scaled(max(spent, int(p.st.output.Load())), cfg.UsageMargin, cfg.UsageSlack)
+	}
+	ch := charge{outcome: outcome, reported: u, bound: bound}
+	if u.InputTokens > bound.InputTokens {
+		u.InputTokens, ch.clamped = bound.InputTokens, true
+	}
+	if u.OutputTokens > bound.OutputTokens {
+		u.OutputTokens, ch.clamped = bound.OutputTokens, true
+	}
+	ch.actual = u.Total()
+	return ch
+}
+
+// scaled is n × margin + slack, saturating at a count no request reaches.
+func scaled(n int, margin float64, slack int) int {
+	const most = 1 << 40
+	return int(min(float64(n)*margin+float64(slack), most))
+}
+
+// settle settles the reservation exactly once, under a context that is not
+// the stream's, with a short timeout (S8).
+func (p *processor) settle() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled || p.st.res == nil {
+		return
+	}
+	p.st.settled = true
+	p.stopRenewal()
+	c := p.settlement()
+	p.st.actual, p.st.outcome, p.st.clamped = c.actual, c.outcome, c.clamped
+	if c.clamped {
+		p.logAt(slog.LevelWarn, "implausible usage reported: the bound is settled instead",
+			"reported_input", c.reported.InputTokens, "reported_output", c.reported.OutputTokens,
+			"bound_input", c.bound.InputTokens, "bound_output", c.bound.OutputTokens)
+	}
+	p.settleStore(p.st.actual)
+	p.learn()
+}
+
+// learn feeds the output of a complete answer back to the learned estimate
+// (S7), per choice: the estimate is multiplied by the choices of the
+// request that uses it.
+func (p *processor) learn() {
+	if p.st.outcome != "complete" || p.resp.status != 200 || p.req.count.Model == "" {
+		return
+	}
+	out := int(p.st.output.Load())
+	switch {
+	case p.st.clamped:
+		return // an answer beyond the plausible teaches nothing
+	case p.resp.usageOK:
+		out = p.resp.usage.OutputTokens
+	case !p.resp.sse:
+		return // no usage, nothing counted: nothing learned
+	}
+	p.s.cfg.counter.Observe(p.policy, p.req.count.Model, out/max(1, p.req.count.Choices))
+}
+
+// settleStore calls the store; settleMu is held.
+func (p *processor) settleStore(actual int) {
+	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
+	defer cancel()
+	states, err := p.s.cfg.Store.Settle(ctx, p.st.res, float64(actual))
+	if err != nil {
+		p.logAt(slog.LevelError, "settlement failed", "reserved", p.reservedTokens(), "actual", actual, "err", err)
+		return
+	}
+	for _, st := range states {
+		if st.Remaining < 0 {
+			p.st.inDebt = append(p.st.inDebt, st.Name)
+		}
+	}
+}
+
+// abandon settles an open reservation from Shutdown, as an aborted request.
+func (p *processor) abandon() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled || p.st.res == nil {
+		return
+	}
+	p.st.settled = true
+	p.stopRenewal()
+	p.st.actual = int(p.st.input.Load() + p.st.output.Load())
+	p.st.outcome = "shutdown"
+	p.settleStore(p.st.actual)
+}
+
+// finish runs once when the stream ends, on every path: it settles what is
+// still open (an aborted request) and records the request's outcome. It is
+// the one place per request where outcomes are reported.
+func (p *processor) finish() {
+	p.releaseOut()
+	p.releaseFramer()
+	p.settle()
+	p.st.mu.Lock()
+	actual, outcome, settled, inDebt, clamped := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.clamped
+	p.st.mu.Unlock()
+	level := slog.LevelInfo
+	if p.req.decision == "admitted" && outcome == "complete" || p.req.decision == "unmetered" {
+		level = slog.LevelDebug // the common case: keep Info for what an operator acts on
+	}
+	if p.s.cfg.Logger.Enabled(context.Background(), level) {
+		// The status the client got: tokengate's own answer, or the
+		// upstream's. The output: the provider's count when it reported
+		// one (a non-streamed answer has no live count), else the live one.
+		status, output := p.resp.status, int(p.st.output.Load())
+		if p.req.reply != 0 {
+			status = p.req.reply
+		}
+		if p.resp.usageOK {
+			output = p.resp.usage.OutputTokens
+		}
+		attrs := []any{
+			"decision", p.req.decision,
+			"api", string(p.req.count.API), "model", p.req.count.Model,
+			"input_tokens", p.req.count.InputTokens, "allowance", p.req.allowance,
+			"reserved", p.reservedTokens(), "output_tokens", output,
+			"status", status, "cut_off", p.resp.cut,
+		}
+		if settled {
+			attrs = append(attrs, "settled", actual, "outcome", outcome)
+		}
+		if p.req.waited > 0 {
+			attrs = append(attrs, "waited", p.req.waited)
+		}
+		p.logAt(level, "request finished", attrs...)
+	}
+	if p.s.cfg.OnFinish != nil {
+		policy := p.policy
+		if p.pol == nil {
+			policy = unknownPolicy // a name from the route, not from the configuration
+		}
+		p.s.cfg.OnFinish(Outcome{
+			Policy: policy, Decision: p.req.decision, Model: p.req.count.Model,
+			InputTokens: p.req.count.InputTokens, Reserved: p.reservedTokens(),
+			Output: int(p.st.output.Load()), Settled: actual, SettleOutcome: outcome,
+			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
+			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
+			Waited: p.req.waited, InDebt: inDebt, UsageClamped: clamped, StreamUnread: p.resp.unread,
+		})
+	}
+}
+
+// startRenewal starts renewing the request's concurrency slots on a timer,
+// every half of the shortest lease, until settlement: a request that stays
+// open longer than a slot's lease — a long stream, or a slow answer that
+// sends nothing for minutes — must keep its slot, or the limit would admit
+// more requests than it allows (S11).
+func (p *processor) startRenewal() {
+	if _, ok := p.s.cfg.Store.(buckets.Renewer); !ok {
+		return
+	}
+	for _, sl := range p.st.res.Slots {
+		if half := sl.LeaseOrDefault() / 2; p.st.renewIn == 0 || half < p.st.renewIn {
+			p.st.renewIn = half
+		}
+	}
+	if p.st.renewIn > 0 {
+		p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
+	}
+}
+
+// renew renews the slots from the renewal timer, unless the reservation
+// is settled meanwhile, and sets the next timer.
+func (p *processor) renew() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	if p.st.settled {
+		return
+	}
+	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
+	defer cancel()
+	if err := p.s.cfg.Store.(buckets.Renewer).Renew(ctx, p.st.res); err != nil {
+		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease unless the next renewal succeeds", "err", err)
+	}
+	p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
+}
+
+// stopRenewal stops the renewal timer; st.mu is held and the reservation
+// settled.
+func (p *processor) stopRenewal() {
+	if p.st.renewal != nil {
+		p.st.renewal.Stop()
+		p.st.renewal = nil
+	}
+}
