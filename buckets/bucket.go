@@ -55,8 +55,8 @@ const DefaultSlotLease = 10 * time.Minute
 const DefaultLifetime = time.Hour
 
 // Validate reports whether the bucket can be used: Key is set, the limit is
-// valid (S1), MaxDebt is not negative and Headroom leaves room below the
-// capacity (S19). The error names the field.
+// valid (S1), MaxDebt is not negative, Headroom leaves room below the
+// capacity (S19) and a Lease is valid. The error names the field.
 func (b Bucket) Validate() error {
 	if b.Key == "" {
 		return fmt.Errorf("%w: bucket %q: key is empty", ErrInvalidLimit, b.Name)
@@ -69,6 +69,11 @@ func (b Bucket) Validate() error {
 	}
 	if !(b.Headroom >= 0 && b.Headroom < b.Limit.Capacity) {
 		return fmt.Errorf("%w: bucket %q: headroom must be in [0, capacity), got %v", ErrInvalidLimit, b.Name, b.Headroom)
+	}
+	if b.Lease != nil {
+		if err := b.Lease.Validate(); err != nil {
+			return fmt.Errorf("bucket %q: %w", b.Name, err)
+		}
 	}
 	return nil
 }

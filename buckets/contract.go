@@ -30,6 +30,10 @@ type Bucket struct {
 	// use (S19): a non-priority request is admitted only if the level stays
 	// at or above Headroom after taking its cost.
 	Headroom float64
+	// Lease, when set, lets a gateway take a slice of the bucket from a
+	// shared store and admit against it locally (see Lease and package
+	// lease); stores themselves ignore it. Nil meters every request.
+	Lease *Lease
 }
 
 // Slot names a concurrency limit (S11): at most Max requests in flight per
