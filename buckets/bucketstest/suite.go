@@ -3,6 +3,7 @@ package bucketstest
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -263,6 +264,24 @@ func vectors() []vector {
 	}
 }
 
+// marked returns v with mark applied to every bucket of its steps.
+func (v vector) marked(mark func(buckets.Bucket) buckets.Bucket) vector {
+	steps := slices.Clone(v.steps)
+	for i := range steps {
+		s := &steps[i]
+		if s.op == opPause {
+			s.bucket = mark(s.bucket)
+		}
+		bs := make([]buckets.Bucket, len(s.req.Buckets))
+		for j, b := range s.req.Buckets {
+			bs[j] = mark(b)
+		}
+		s.req.Buckets = bs
+	}
+	v.steps = steps
+	return v
+}
+
 // scope gives the keys of a request their test's namespace, so that
 // vectors sharing one Redis do not meet.
 func scope(ns string, r buckets.Request) buckets.Request {
@@ -301,8 +320,18 @@ func got(d buckets.Decision, want outcome) outcome {
 }
 
 // Run runs every step vector against the stores open returns.
-func Run(t *testing.T, open Open) {
+func Run(t *testing.T, open Open) { runVectors(t, open, nil, nil) }
+
+// runVectors runs the step vectors not named in skip, with mark applied to
+// every bucket when it is not nil.
+func runVectors(t *testing.T, open Open, mark func(buckets.Bucket) buckets.Bucket, skip []string) {
 	for _, v := range vectors() {
+		if slices.Contains(skip, v.name) {
+			continue
+		}
+		if mark != nil {
+			v = v.marked(mark)
+		}
 		t.Run(v.name, func(t *testing.T) {
 			clock := NewClock()
 			st := open(t, clock, 1)[0]
