@@ -1,10 +1,17 @@
 package lease_test
 
 import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/bucketstest"
+	"github.com/tokengate/tokengate/buckets/lease"
 )
 
 // openMemory opens one Memory store that every gateway shares, as
@@ -21,3 +28,249 @@ func openMemory(t *testing.T, clock *bucketstest.Clock, n int) []buckets.Store {
 func TestLeasedVectors(t *testing.T) { bucketstest.RunLeased(t, openMemory, bucketstest.LeasedSkip...) }
 
 func TestLeaseFleet(t *testing.T) { bucketstest.RunLeaseFleet(t, openMemory) }
+
+// lender counts the lease calls made to a memory store, and fails them
+// while fail is set (answering, as a dead Redis would, an error wrapping
+// buckets.ErrStore with nothing done).
+type lender struct {
+	*buckets.Memory
+	mu    sync.Mutex
+	calls int
+	ops   int
+	fail  bool
+	// delay is how long each call takes: a round trip, under synctest.
+	delay time.Duration
+}
+
+var _ lease.Lender = (*lender)(nil)
+
+func (l *lender) Lease(ctx context.Context, ops []buckets.LeaseOp) error {
+	l.mu.Lock()
+	l.calls++
+	l.ops += len(ops)
+	fail := l.fail
+	l.mu.Unlock()
+	if l.delay > 0 {
+		time.Sleep(l.delay)
+	}
+	if fail {
+		return fmt.Errorf("redis: connection refused: %w", buckets.ErrStore)
+	}
+	return l.Memory.Lease(ctx, ops)
+}
+
+func (l *lender) count() (calls, ops int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.calls, l.ops
+}
+
+func (l *lender) setFail(fail bool) {
+	l.mu.Lock()
+	l.fail = fail
+	l.mu.Unlock()
+}
+
+func newGateway(clock *bucketstest.Clock, opts lease.Options) (*lease.Store, *lender) {
+	l := &lender{Memory: buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now})}
+	opts.Now, opts.SweepEvery = clock.Now, -1
+	return lease.New(l.Memory, l, opts), l
+}
+
+func leased(name string, capacity, rate float64, l *buckets.Lease) buckets.Bucket {
+	return buckets.Bucket{Name: name, Key: name, Limit: buckets.Limit{Capacity: capacity, Rate: rate}, Lease: l}
+}
+
+// A lease sized from the rate covers about Horizon of this gateway's
+// traffic: in steady state a hot bucket costs far fewer than 0.1 store
+// calls per request, and the lease stays near rate × horizon.
+func TestAutoSizeFollowsTheRate(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, l := newGateway(clock, lease.Options{Horizon: 100 * time.Millisecond})
+	ctx := context.Background()
+	b := leased("provider", 1e6, 1e4, &buckets.Lease{})
+	const requests, cost = 2000, 10.0 // 10,000 tokens/s
+	var warm int
+	for i := range requests {
+		if i == requests/2 {
+			warm, _ = l.count()
+		}
+		d, err := g.Reserve(ctx, buckets.Request{Cost: cost, Buckets: []buckets.Bucket{b}})
+		if err != nil || !d.OK {
+			t.Fatalf("request %d: %+v, %v", i, d, err)
+		}
+		if _, err := g.Settle(ctx, d.Reservation, cost); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Millisecond)
+	}
+	calls, _ := l.count()
+	steady := float64(calls-warm) / (requests / 2)
+	// rate × horizon = 1,000 tokens = 100 requests per lease call.
+	if steady > 0.02 || steady < 0.005 {
+		t.Errorf("%.4f lease calls per request in steady state, want about 0.01 (one per 100 requests)", steady)
+	}
+	if calls > requests/10 {
+		t.Errorf("%d lease calls for %d requests, warm-up included: want at most 0.1 per request", calls, requests)
+	}
+}
+
+// A bucket whose capacity is small next to the traffic is metered per
+// request: a lease sized from the rate never exceeds MaxShare of it.
+func TestAutoSizeBoundedByCapacity(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, l := newGateway(clock, lease.Options{})
+	ctx := context.Background()
+	b := leased("user", 60, 1000, &buckets.Lease{}) // an eighth is 7.5 tokens
+	for i := range 200 {
+		d, err := g.Reserve(ctx, buckets.Request{Cost: 8, Buckets: []buckets.Bucket{b}})
+		if err != nil || !d.OK {
+			t.Fatalf("request %d: %+v, %v", i, d, err)
+		}
+		if _, err := g.Settle(ctx, d.Reservation, 8); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(10 * time.Millisecond)
+	}
+	if calls, _ := l.count(); calls < 200 {
+		t.Errorf("%d lease calls for 200 requests of 8 tokens: want one each (a lease may hold at most 7.5)", calls)
+	}
+}
+
+// Callers that find a lease short at once wait for one call and share its
+// lease; when it finds the bucket empty, they are refused by that call
+// too, without calls of their own. Each call takes a millisecond of the
+// bubble's clock, so that callers meet it on its way.
+func TestCallsAreCoalesced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &lender{Memory: buckets.NewMemory(buckets.MemoryOptions{}), delay: time.Millisecond}
+		g := lease.New(l.Memory, l, lease.Options{SweepEvery: -1})
+		ctx := context.Background()
+		b := leased("b", 1000, 1e-9, &buckets.Lease{Size: 640})
+		run := func() (admitted int) {
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for range 64 {
+				wg.Go(func() {
+					d, err := g.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{b}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.OK {
+						mu.Lock()
+						admitted++
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			return admitted
+		}
+		if n := run(); n != 64 {
+			t.Fatalf("admitted %d of 64, want all: the bucket holds 1000", n)
+		}
+		if calls, _ := l.count(); calls != 1 {
+			t.Errorf("%d lease calls for 64 concurrent requests and a lease of 64 requests, want 1", calls)
+		}
+		// 360 tokens are left: 36 more requests fit, then the bucket is
+		// empty; one call leases the 360, one finds the bucket empty.
+		if n := run(); n != 36 {
+			t.Errorf("admitted %d of the next 64, want 36", n)
+		}
+		if calls, _ := l.count(); calls != 3 {
+			t.Errorf("%d lease calls in all, want 3: refusals share a call", calls)
+		}
+	})
+}
+
+// When lease calls fail, requests take from what the gateway still holds,
+// then go to the inner store (whose failure mode decides); no call is made
+// during the back-off; what a failed call gave back is taken as lost and
+// what it owed as still owed.
+func TestLeaseCallFailure(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, l := newGateway(clock, lease.Options{Backoff: time.Second})
+	ctx := context.Background()
+	b := leased("b", 1000, 1e-9, &buckets.Lease{Size: 100})
+	reserve := func(cost float64) buckets.Decision {
+		t.Helper()
+		d, err := g.Reserve(ctx, buckets.Request{Cost: cost, Buckets: []buckets.Bucket{b}})
+		if err != nil || !d.OK {
+			t.Fatalf("Reserve(%v) = %+v, %v", cost, d, err)
+		}
+		return d
+	}
+	first := reserve(10) // takes a lease of 100: 90 held
+	l.setFail(true)
+	for range 9 {
+		reserve(10) // from the lease
+	}
+	if calls, _ := l.count(); calls != 1 {
+		t.Fatalf("%d calls, want 1: the lease held enough", calls)
+	}
+	// Owe 20 (usage beyond the reservation), then run out: the call fails,
+	// the request goes to the inner store (the same memory here).
+	if _, err := g.Settle(ctx, first.Reservation, 30); err != nil {
+		t.Fatal(err)
+	}
+	d := reserve(10)
+	if calls, _ := l.count(); calls != 2 {
+		t.Fatalf("%d calls, want 2", calls)
+	}
+	reserve(10) // during the back-off: straight to the inner store
+	if calls, _ := l.count(); calls != 2 {
+		t.Errorf("%d calls during the back-off, want none beyond 2", calls)
+	}
+	clock.Advance(time.Second)
+	l.setFail(false)
+	if _, err := g.Settle(ctx, d.Reservation, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// 1000 - 100 (the lease) - 20 (owed, kept through the failed call)
+	// - 2 × 10 (reserved in the inner store) = 860.
+	probe, err := l.Memory.Reserve(ctx, buckets.Request{Buckets: []buckets.Bucket{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := probe.Buckets[0].Remaining; math.Abs(got-860) > 1e-6 {
+		t.Errorf("shared level %v, want 860", got)
+	}
+}
+
+// Extend (S14) takes from the lease of a hard bucket, refuses when the
+// bucket is out, and a reservation settled or unknown backs nothing.
+func TestExtendHardLease(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, _ := newGateway(clock, lease.Options{})
+	ctx := context.Background()
+	hard := leased("hard", 100, 1e-9, &buckets.Lease{Size: 30})
+	hard.Hard = true
+	d, err := g.Reserve(ctx, buckets.Request{Cost: 20, Buckets: []buckets.Bucket{hard}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v", d, err)
+	}
+	r := d.Reservation
+	for i, want := range []bool{true, true, false} {
+		ok, err := g.Extend(ctx, r, 35)
+		if err != nil || ok != want {
+			t.Fatalf("Extend %d = %v, %v; want %v (100 - 20 - 35 - 35 leaves 10)", i, ok, err, want)
+		}
+	}
+	if r.Extended != 70 {
+		t.Errorf("Extended = %v, want 70", r.Extended)
+	}
+	states, err := g.Settle(ctx, r, 95)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := states[0].Remaining; got != 5 {
+		t.Errorf("after settling 95 of 90 charged: %v left, want 5", got)
+	}
+	if ok, err := g.Extend(ctx, r, 1); ok || err != nil {
+		t.Errorf("Extend after Settle = %v, %v; want false, nil", ok, err)
+	}
+}
