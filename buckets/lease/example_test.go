@@ -16,7 +16,7 @@ import (
 // the lease holds and settlements give back.
 func Example() {
 	now := func() time.Time { return time.Unix(1_800_000_000, 0) } // a clock that stands still
-	shared := buckets.NewMemory(buckets.MemoryOptions{Now: now}) // the Redis store, in a fleet
+	shared := buckets.NewMemory(buckets.MemoryOptions{Now: now})   // the Redis store, in a fleet
 	gw := lease.New(shared, shared, lease.Options{Now: now})
 	defer gw.Close(context.Background())
 
