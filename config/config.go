@@ -180,6 +180,28 @@ type Bucket struct {
 	ProviderLimit   *ProviderLimit `yaml:"provider_limit"`
 	Hard            bool           `yaml:"hard"`
 	MaxDebt         float64        `yaml:"max_debt"`
+	// Lease lets each gateway take a slice of the bucket from Redis and
+	// admit against it locally (S20); unset meters every request in Redis.
+	Lease *Lease `yaml:"lease"`
+}
+
+// Lease is a bucket's allotted sub-budget on each gateway of a fleet (S20):
+// `lease: auto` sizes each lease from the rate the gateway admits; a
+// mapping sets Size (tokens per lease; omitted or 0: from the rate) and TTL
+// (how long unused tokens stay on a gateway; omitted: 1s).
+type Lease struct {
+	Size float64       `yaml:"size"`
+	TTL  time.Duration `yaml:"ttl"`
+}
+
+// UnmarshalYAML reads `auto` as the zero Lease, and a mapping as its fields.
+func (l *Lease) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode && n.Value == "auto" {
+		*l = Lease{}
+		return nil
+	}
+	type plain Lease
+	return n.Decode((*plain)(l))
 }
 
 // ProviderLimit configures a bucket from the provider's own limit (S19).

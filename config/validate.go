@@ -29,6 +29,7 @@ type validator struct {
 var (
 	configShape  = reflect.TypeOf(Config{})
 	durationType = reflect.TypeOf(time.Duration(0))
+	leaseType    = reflect.TypeOf(Lease{})
 )
 
 func (v *validator) add(path, format string, args ...any) {
@@ -86,6 +87,12 @@ func (v *validator) walk(n *yaml.Node, path string, t reflect.Type) {
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return // an empty value leaves the field unset
+	}
+	if t == leaseType && n.Kind == yaml.ScalarNode {
+		if n.Value != "auto" {
+			v.addAt(n, path, "want auto or a mapping with size and ttl, got %s", describe(n))
+		}
+		return
 	}
 	switch t.Kind() {
 	case reflect.Struct:
@@ -244,6 +251,7 @@ func (v *validator) validate(c *Config) {
 		v.validatePolicy(path, p)
 	}
 	v.validateSharedProviders(c)
+	v.validateLeases(c)
 	if c.DefaultPolicy == "" {
 		if len(c.Policies) > 1 {
 			v.add("default_policy", "is required when there is more than one policy")
@@ -447,9 +455,24 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 		}
 		// The values are each in range; the limit derived from them must
 		// also be one the store accepts (a tiny rate can round to zero).
+		var limit buckets.Limit
 		if ok {
-			if _, _, err := b.Limit(); err != nil {
+			var err error
+			if limit, _, err = b.Limit(); err != nil {
 				v.add(bp, "the limit these values give is unusable: %v", err)
+				ok = false
+			}
+		}
+		if l := b.Lease; l != nil {
+			lp := join(bp, "lease")
+			switch {
+			case !finite(l.Size) || l.Size < 0:
+				v.add(join(lp, "size"), "must be a number of tokens, not negative (omit it to size leases from the rate), got %v", l.Size)
+			case ok && l.Size > limit.Capacity:
+				v.add(join(lp, "size"), "%v is more than the bucket's capacity (%v tokens): a lease is a slice of the bucket", l.Size, limit.Capacity)
+			}
+			if l.TTL < 0 {
+				v.add(join(lp, "ttl"), "must be positive (omit it for 1s), got %s", l.TTL)
 			}
 		}
 	}
@@ -520,7 +543,7 @@ func (v *validator) validateSharedProviders(c *Config) {
 				providers[b.Name] = first{path, b}
 				continue
 			}
-			if f.b.Per != b.Per || !reflect.DeepEqual(f.b.ProviderLimit, b.ProviderLimit) || f.b.Hard != b.Hard || f.b.MaxDebt != b.MaxDebt {
+			if f.b.Per != b.Per || !reflect.DeepEqual(f.b.ProviderLimit, b.ProviderLimit) || f.b.Hard != b.Hard || f.b.MaxDebt != b.MaxDebt || !reflect.DeepEqual(f.b.Lease, b.Lease) {
 				v.add(path, "provider bucket %q is shared by every policy and must match its definition at %s", b.Name, f.path)
 			}
 		}
@@ -530,6 +553,23 @@ func (v *validator) validateSharedProviders(c *Config) {
 			if f, ok := providers[b.Name]; ok && b.ProviderLimit == nil {
 				v.add(fmt.Sprintf("policies[%d].buckets[%d].name", i, j),
 					"%q is the name of the provider bucket at %s, which every policy shares; give this bucket another name", b.Name, f.path)
+			}
+		}
+	}
+}
+
+// validateLeases checks that leases are asked for only where they apply:
+// with the Redis store, shared by a fleet; one gateway's memory store is
+// local already.
+func (v *validator) validateLeases(c *Config) {
+	if c.Store.Type == "redis" {
+		return
+	}
+	for i, p := range c.Policies {
+		for j, b := range p.Buckets {
+			if b.Lease != nil {
+				v.add(fmt.Sprintf("policies[%d].buckets[%d].lease", i, j),
+					"only applies to the redis store (with the %s store every bucket is local already)", c.Store.Type)
 			}
 		}
 	}
