@@ -197,6 +197,9 @@ type BucketRule struct {
 	// Provider marks the bucket that stands for the provider account: it
 	// receives the provider's Retry-After pauses (S18).
 	Provider bool
+	// Lease, when set, lets this gateway admit against a local slice of
+	// the bucket (see buckets.Lease): the store must be a lease store.
+	Lease *buckets.Lease
 }
 
 // ConcurrencyRule caps requests in flight (S11). Plain data; the zero value

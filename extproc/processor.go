@@ -302,7 +302,7 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 	for _, r := range p.pol.Buckets {
 		req.Buckets = append(req.Buckets, buckets.Bucket{
 			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
+			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom, Lease: r.Lease,
 		})
 		p.req.hard = p.req.hard || r.Hard
 	}
