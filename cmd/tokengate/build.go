@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/failover"
+	"github.com/tokengate/tokengate/buckets/lease"
 	"github.com/tokengate/tokengate/buckets/redisstore"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
@@ -62,6 +63,7 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	if closeStore != nil {
 		p.closers = append(p.closers, closeStore)
 	}
+	shared := store
 	store = p.metrics.Instrument(store)
 	if cfg.Store.Type != "memory" {
 		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback}
@@ -72,6 +74,7 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		p.failover = failover.New(store, opts)
 		store = p.failover
 	}
+	store = withLeases(cfg, store, shared, logger, opts.now, &p.closers)
 	p.store = store
 	p.counter, err = newCounter(cfg)
 	if err != nil {
@@ -95,6 +98,49 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	}
 	p.ready.Store(true)
 	return p, nil
+}
+
+// withLeases wraps store in a lease store when a bucket asks for leases
+// (S20), leasing from the shared Redis store. It goes on top of the
+// failover store: while Redis is down, requests take from the leases this
+// gateway still holds, and what they cannot take the failover store
+// decides. Its closer, which returns what the gateway holds, runs before
+// the Redis client's: after the server has settled every stream.
+func withLeases(cfg *config.Config, store, shared buckets.Store, logger *slog.Logger, now func() time.Time, closers *[]func() error) buckets.Store {
+	lender, ok := shared.(lease.Lender)
+	if !ok || !hasLeases(cfg) {
+		return store
+	}
+	ls := lease.New(store, lender, lease.Options{Now: now, Logger: logger})
+	*closers = append(*closers, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := ls.Close(ctx); err != nil {
+			logger.Warn("leases not returned at shutdown: their tokens come back by refill", "err", err)
+			return err
+		}
+		return nil
+	})
+	return ls
+}
+
+func hasLeases(cfg *config.Config) bool {
+	for _, p := range cfg.Policies {
+		for _, b := range p.Buckets {
+			if b.Lease != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// leaseOf maps a bucket's lease onto the store's.
+func leaseOf(l *config.Lease) *buckets.Lease {
+	if l == nil {
+		return nil
+	}
+	return &buckets.Lease{Size: l.Size, TTL: l.TTL}
 }
 
 // newCounter is the token counter of a configuration: serve, the demo and
@@ -157,7 +203,7 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 			}
 			p.Buckets = append(p.Buckets, extproc.BucketRule{
 				Name: b.Name, Per: b.Per, Limit: limit, Headroom: headroom,
-				Hard: b.Hard, MaxDebt: b.MaxDebt, Provider: b.ProviderLimit != nil,
+				Hard: b.Hard, MaxDebt: b.MaxDebt, Provider: b.ProviderLimit != nil, Lease: leaseOf(b.Lease),
 			})
 		}
 		for _, c := range cp.Concurrency {
