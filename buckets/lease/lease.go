@@ -85,7 +85,7 @@ type Options struct {
 	// rate (buckets.Lease.Size zero) covers: the lease is the tokens per
 	// second admitted against the bucket lately, times Horizon. Longer
 	// means fewer store calls, and more tokens held away from other
-	// gateways. Zero means 100ms.
+	// gateways. Zero means 250ms.
 	Horizon time.Duration
 	// MaxShare bounds a lease sized from the rate to this share of the
 	// bucket's capacity, so that small buckets stay metered per request.
@@ -195,7 +195,7 @@ func New(inner buckets.Store, lender Lender, opts Options) *Store {
 	s := &Store{inner: inner, lender: lender, horizon: opts.Horizon, maxShare: opts.MaxShare,
 		backoff: opts.Backoff, now: opts.Now, logger: opts.Logger, seed: maphash.MakeSeed()}
 	if s.horizon <= 0 {
-		s.horizon = 100 * time.Millisecond
+		s.horizon = 250 * time.Millisecond
 	}
 	s.tau = 4 * s.horizon.Seconds()
 	if !(s.maxShare > 0 && s.maxShare <= 1) {
@@ -579,8 +579,18 @@ func (s *Store) neverAdmissible(req buckets.Request) buckets.Decision {
 // buckets without one the estimate of its lease, or a full bucket.
 func (s *Store) observations(bs []buckets.Bucket, parts []part) []buckets.Observation {
 	obs := make([]buckets.Observation, len(bs))
+	var seen uint64
+	for _, p := range parts {
+		if p.taken || p.refused {
+			obs[p.i] = p.obs
+			seen |= 1 << p.i
+		}
+	}
 	now := s.nowNS()
 	for i, b := range bs {
+		if seen&(1<<i) != 0 {
+			continue
+		}
 		obs[i] = buckets.Observation{Level: b.Limit.Capacity}
 		if b.Lease == nil {
 			continue
@@ -590,11 +600,6 @@ func (s *Store) observations(bs []buckets.Bucket, parts []part) []buckets.Observ
 			e.mu.Lock()
 			obs[i] = e.observe(now)
 			e.mu.Unlock()
-		}
-	}
-	for _, p := range parts {
-		if p.taken || p.refused {
-			obs[p.i] = p.obs
 		}
 	}
 	return obs
