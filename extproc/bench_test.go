@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/lease"
 	"github.com/tokengate/tokengate/buckets/redisstore"
 	"github.com/tokengate/tokengate/envoy/standin"
 	"github.com/tokengate/tokengate/internal/redistest"
@@ -85,13 +87,43 @@ var benchStream = func() [][]byte {
 type benchTarget struct {
 	name     string
 	register func(testing.TB, *grpc.Server)
+	// calls, when set, counts the target's calls to Redis.
+	calls *redisCalls
+}
+
+// redisCalls is a go-redis hook that counts the script calls a benchmark
+// makes, and those that touch the provider bucket, which every request
+// shares: the hot key.
+type redisCalls struct{ all, hot atomic.Int64 }
+
+func (c *redisCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *redisCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			c.all.Add(1)
+			for _, a := range cmd.Args() {
+				if k, ok := a.(string); ok && strings.Contains(k, ":provider:") {
+					c.hot.Add(1)
+					break
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *redisCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // BenchmarkDecisionPath drives the whole decision path through real gRPC on
 // loopback and the Envoy stand-in (FULL_DUPLEX_STREAMED responses): a 1 KB
 // chat request and a streamed 200-token answer, 64 concurrent streams. The
 // bare server is the protocol's own cost; compare req/s of the others with
-// it. p50/p99 are per request, end to end.
+// it. p50/p99 are per request, end to end. redis-lease leases both buckets
+// (lease: auto, S20); the Redis targets report their script calls per
+// request, in all and on the provider bucket every request shares.
 func BenchmarkDecisionPath(b *testing.B) {
 	tc, err := tokenizer.New(tokenizer.Options{})
 	if err != nil {
@@ -106,7 +138,12 @@ func BenchmarkDecisionPath(b *testing.B) {
 			{Name: "user", Per: "key", Limit: buckets.Limit{Capacity: 1e12, Rate: 1e9}},
 			{Name: "provider", Provider: true, Hard: true, Limit: buckets.Limit{Capacity: 1e12, Rate: 1e9}},
 		}}}
-	tokengate := func(store func(testing.TB) buckets.Store) func(testing.TB, *grpc.Server) {
+	leased := []Policy{policy[0]}
+	leased[0].Buckets = slices.Clone(policy[0].Buckets)
+	for i := range leased[0].Buckets {
+		leased[0].Buckets[i].Lease = &buckets.Lease{}
+	}
+	serve := func(policy []Policy, store func(testing.TB) buckets.Store) func(testing.TB, *grpc.Server) {
 		return func(tb testing.TB, g *grpc.Server) {
 			s, err := NewServer(Config{Policies: policy, DefaultPolicy: "bench", Store: store(tb),
 				Counter: tc, Logger: slog.New(slog.DiscardHandler)})
@@ -116,15 +153,29 @@ func BenchmarkDecisionPath(b *testing.B) {
 			s.Register(g)
 		}
 	}
+	tokengate := func(store func(testing.TB) buckets.Store) func(testing.TB, *grpc.Server) { return serve(policy, store) }
+	redisStore := func(tb testing.TB, calls *redisCalls) *redisstore.Store {
+		srv := redistest.Start(tb)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
+		c.AddHook(calls)
+		tb.Cleanup(func() { c.Close() })
+		return redisstore.New(c, redisstore.Options{})
+	}
+	plainCalls, leaseCalls := new(redisCalls), new(redisCalls)
 	targets := []benchTarget{
-		{"bare", func(_ testing.TB, g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, bareServer{}) }},
-		{"memory", tokengate(func(testing.TB) buckets.Store { return buckets.NewMemory(buckets.MemoryOptions{}) })},
-		{"redis", tokengate(func(tb testing.TB) buckets.Store {
-			srv := redistest.Start(tb)
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
-			tb.Cleanup(func() { c.Close() })
-			return redisstore.New(c, redisstore.Options{})
-		})},
+		{"bare", func(_ testing.TB, g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, bareServer{}) }, nil},
+		{"memory", tokengate(func(testing.TB) buckets.Store { return buckets.NewMemory(buckets.MemoryOptions{}) }), nil},
+		{"redis", tokengate(func(tb testing.TB) buckets.Store { return redisStore(tb, plainCalls) }), plainCalls},
+		{"redis-lease", serve(leased, func(tb testing.TB) buckets.Store {
+			rs := redisStore(tb, leaseCalls)
+			ls := lease.New(rs, rs, lease.Options{})
+			tb.Cleanup(func() {
+				if err := ls.Close(context.Background()); err != nil {
+					tb.Error(err)
+				}
+			})
+			return ls
+		}), leaseCalls},
 	}
 	for _, tg := range targets {
 		b.Run(tg.name, func(b *testing.B) { benchPath(b, tg, 64) })
@@ -175,6 +226,10 @@ func benchPath(b *testing.B, tg benchTarget, streams int) {
 	var lat []time.Duration
 	b.SetParallelism(max(1, streams/runtimeProcs()))
 	b.ResetTimer()
+	var all0, hot0 int64
+	if tg.calls != nil {
+		all0, hot0 = tg.calls.all.Load(), tg.calls.hot.Load()
+	}
 	start, cpu0 := time.Now(), cpuTime()
 	run := b.RunParallel
 	if streams == 1 {
@@ -215,6 +270,10 @@ func benchPath(b *testing.B, tg benchTarget, streams int) {
 	// per request: unlike req/s, it does not depend on what else runs on
 	// the machine.
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
+	if tg.calls != nil {
+		b.ReportMetric(float64(tg.calls.all.Load()-all0)/float64(b.N), "redis-calls/req")
+		b.ReportMetric(float64(tg.calls.hot.Load()-hot0)/float64(b.N), "hot-key-calls/req")
+	}
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
