@@ -9,10 +9,10 @@
 // returned: at the gateway's next lease call on the bucket, when the lease
 // outlives its TTL, and when the gateway shuts down (Close). A lease is
 // sized from the rate this gateway admits against the bucket, so that what
-// gateways hold stays about Options.Horizon of their traffic — or set per
-// bucket (buckets.Lease.Size). Near an empty bucket leases shrink by
-// themselves: a call takes beyond its own request only what the bucket
-// holds above its headroom.
+// a gateway holds stays about Options.Horizon of its traffic, and at most
+// Horizon of the bucket's refill — or set per bucket (buckets.Lease.Size).
+// Near an empty bucket leases shrink by themselves: a call takes beyond its
+// own request only what the bucket holds above its headroom.
 //
 // # Semantics
 //
@@ -83,9 +83,10 @@ type Lender interface {
 type Options struct {
 	// Horizon is how much of this gateway's traffic a lease sized from the
 	// rate (buckets.Lease.Size zero) covers: the lease is the tokens per
-	// second admitted against the bucket lately, times Horizon. Longer
-	// means fewer store calls, and more tokens held away from other
-	// gateways. Zero means 250ms.
+	// second admitted against the bucket lately, times Horizon, and at
+	// most the bucket's own refill over Horizon. Longer means fewer store
+	// calls, and more tokens held away from other gateways. Zero means
+	// 250ms.
 	Horizon time.Duration
 	// MaxShare bounds a lease sized from the rate to this share of the
 	// bucket's capacity, so that small buckets stay metered per request.
@@ -197,7 +198,7 @@ func New(inner buckets.Store, lender Lender, opts Options) *Store {
 	if s.horizon <= 0 {
 		s.horizon = 250 * time.Millisecond
 	}
-	s.tau = 4 * s.horizon.Seconds()
+	s.tau = 2 * s.horizon.Seconds()
 	if !(s.maxShare > 0 && s.maxShare <= 1) {
 		s.maxShare = 1.0 / 8
 	}
@@ -501,28 +502,35 @@ func (s *Store) lock(b buckets.Bucket) *entry {
 
 // sample updates the entry's rate before a lease call that takes need: an
 // average of the tokens taken per second over about tau seconds, which
-// tends to the rate whatever the time between calls.
+// tends to the rate whatever the time between calls; the first interval
+// sets it (want bounds what a burst can make of that).
 func (e *entry) sample(now int64, need, tau float64) {
 	used := e.used + need
 	if e.last != 0 {
-		if dt := float64(now-e.last) / 1e9; dt > 0 {
+		switch dt := float64(now-e.last) / 1e9; {
+		case dt <= 0:
+			e.rate += used / tau
+		case e.rate == 0:
+			e.rate = used / dt
+		default:
 			a := -math.Expm1(-dt / tau)
 			e.rate = e.rate*(1-a) + used*a/dt
-		} else {
-			e.rate += used / tau
 		}
 	}
 	e.last, e.used = now, 0
 }
 
 // want is the size of a lease call for a request of cost: the bucket's
-// Lease.Size, or the rate over the horizon, bounded by MaxShare of its
-// capacity; never below the cost.
+// Lease.Size, or this gateway's rate over the horizon — bounded by the
+// bucket's own refill over the horizon, so that a gateway holds at most
+// that much of a bucket at its limit, and by MaxShare of its capacity —
+// never below the cost.
 func (s *Store) want(e *entry, b buckets.Bucket, cost float64) float64 {
 	if b.Lease.Size > 0 {
 		return max(cost, b.Lease.Size)
 	}
-	return max(cost, min(e.rate*s.horizon.Seconds(), b.Limit.Capacity*s.maxShare))
+	h := s.horizon.Seconds()
+	return max(cost, min(e.rate*h, b.Limit.Rate*h, b.Limit.Capacity*s.maxShare))
 }
 
 // observe is the entry's estimate of the shared bucket at now: the level

@@ -274,3 +274,28 @@ func TestExtendHardLease(t *testing.T) {
 		t.Errorf("Extend after Settle = %v, %v; want false, nil", ok, err)
 	}
 }
+
+// A lease sized from the rate never holds more than the bucket's own
+// refill over the horizon, however fast this gateway admits: a bucket at
+// its limit loses at most that much to one gateway's lease.
+func TestAutoSizeBoundedByTheBucketRate(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, l := newGateway(clock, lease.Options{Horizon: 250 * time.Millisecond})
+	ctx := context.Background()
+	b := leased("provider", 1e9, 1000, &buckets.Lease{}) // 250 tokens per horizon
+	const requests = 2000
+	for i := range requests {
+		d, err := g.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{b}})
+		if err != nil || !d.OK {
+			t.Fatalf("request %d: %+v, %v", i, d, err)
+		}
+		if _, err := g.Settle(ctx, d.Reservation, 10); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Millisecond) // 10,000 tokens/s here
+	}
+	calls, _ := l.count()
+	if calls < requests/25 || calls > requests/20 {
+		t.Errorf("%d lease calls for %d requests of 10 tokens, want about %d: leases of 250 tokens", calls, requests, requests/25)
+	}
+}
