@@ -341,8 +341,12 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	sh.mu.Lock()
 	sh.m[req.ID] = o
 	sh.mu.Unlock()
-	d.Reservation = &buckets.Reservation{ID: req.ID, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots,
-		Priority: req.Priority, Lifetime: req.Lifetime}
+	res := buckets.Reservation{ID: req.ID, Priority: req.Priority, Lifetime: req.Lifetime}
+	if o.inner != nil {
+		res = *o.inner // whatever else the inner store keeps in it
+	}
+	res.Cost, res.Buckets, res.Slots = req.Cost, req.Buckets, req.Slots
+	d.Reservation = &res
 	return d, nil
 }
 
