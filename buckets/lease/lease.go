@@ -323,7 +323,7 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	}
 	o := &open{local: local}
 	d := buckets.Decision{OK: true, Reason: buckets.Admitted}
-	if rest := s.rest(req, local); len(rest.Buckets)+len(rest.Slots) > 0 {
+	if rest := s.rest(req, local); metered(rest) {
 		var err error
 		d, err = s.inner.Reserve(ctx, rest)
 		if err != nil || !d.OK {
@@ -349,6 +349,11 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	d.Reservation = &res
 	return d, nil
 }
+
+// metered reports whether a request has anything for the inner store to
+// meter: buckets or slots. Whatever else a request may carry for the inner
+// store must count here too.
+func metered(r buckets.Request) bool { return len(r.Buckets)+len(r.Slots) > 0 }
 
 // rest is the part of req the inner store handles: the buckets not in
 // local and every slot, under the same ID.
@@ -704,7 +709,7 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	if err := buckets.ValidateAmount("extend amount", n); err != nil {
 		return false, err
 	}
-	if n == 0 || !r.HasHard() {
+	if n == 0 {
 		return true, nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -731,14 +736,17 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 			return false, fmt.Errorf("lease: extend: a lease call failed: %w", buckets.ErrStore)
 		}
 	}
-	if o.inner != nil && o.inner.HasHard() {
+	if o.inner != nil {
+		// The inner store decides what of its part is hard.
 		ok, err := s.inner.Extend(ctx, o.inner, n)
 		if err != nil || !ok {
 			s.undo(r.Buckets, parts, n)
 			return false, err
 		}
 	}
-	r.Extended += n
+	if r.HasHard() {
+		r.Extended += n
+	}
 	return true, nil
 }
 
