@@ -41,6 +41,21 @@
 // inner store, one call as before; if the inner store refuses, the local
 // part is put back: all or none (S3).
 //
+// # What leases change
+//
+// While gateways hold leases, the shared bucket refills its own level as
+// usual: the fleet's instant burst can exceed the capacity by what the
+// gateways hold at that moment, while over any time from a full bucket it
+// still admits at most the capacity plus the refill. A debt reaches the
+// shared bucket with the next lease call or sweep (Options.SweepEvery);
+// should the bucket refill to capacity meanwhile, the refill that debt
+// would have been made up by is lost: the lease store charges more, never
+// less. A pause (S18) empties this gateway's lease of the bucket; other
+// gateways admit from theirs until their next call. A hard bucket (S14)
+// may be leased: extensions take from the lease, and a stream is cut when
+// neither the lease nor the shared bucket can cover them — which can
+// happen while other gateways still hold leases.
+//
 // # Failure
 //
 // A lease call that fails may or may not have been applied: what it gave
