@@ -88,7 +88,7 @@ type exchange struct {
 
 	req, res dir
 
-	stream       extprocv3.ExternalProcessor_ProcessClient
+	stream       *sender // nil until the side stream opens, and again once it is closed
 	streamCancel context.CancelFunc
 	sentAny      bool
 	complete     bool // processing_complete: the server is no longer consulted
@@ -403,7 +403,7 @@ func (x *exchange) openStream() bool {
 		x.sideFailure(err)
 		return false
 	}
-	x.stream, x.streamCancel = s, cancel
+	x.stream, x.streamCancel = startSender(s, x.p.log), cancel
 	x.srvCh = make(chan srvEvent)
 	x.recvDone = make(chan struct{})
 	go func(ch chan<- srvEvent, done chan<- struct{}) {
@@ -433,10 +433,7 @@ func (x *exchange) closeStream() {
 	if x.stream == nil {
 		return
 	}
-	// CloseSend fails only when the call has ended already; the reset below is then a no-op.
-	if err := x.stream.CloseSend(); err != nil {
-		x.p.log.Debug("ext_proc half-close", "err", err)
-	}
+	x.stream.close()
 	cancel, done, wait := x.streamCancel, x.recvDone, x.p.cfg.RemoteCloseTimeout
 	if !x.p.cfg.GracefulClose {
 		cancel()
@@ -471,8 +468,7 @@ func (x *exchange) send(kind string, m *extprocv3.ProcessingRequest) bool {
 	}
 	x.entry.Sent = append(x.entry.Sent, kind)
 	x.p.log.Debug("ext_proc send", "kind", kind, "path", x.entry.Path)
-	// A failed Send means the call ended; Recv reports why.
-	_ = x.stream.Send(m)
+	x.stream.send(m)
 	return true
 }
 
