@@ -10,6 +10,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/google/go-cmp/cmp"
 )
 
 // Envoy never stops reading the server's answers while it sends: its gRPC client queues what
@@ -71,4 +72,48 @@ func TestSendDoesNotBlockAnswers(t *testing.T) {
 func responseBody(m *extprocv3.BodyMutation) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
 		Response: &extprocv3.CommonResponse{BodyMutation: m}}}}
+}
+
+// Config.Cuts cuts request and response bodies into chunks of exactly the sizes it gives, the
+// last size repeating, whatever sizes the reads deliver; a body that ends on a boundary ends
+// with an empty end_of_stream chunk.
+func TestCuts(t *testing.T) {
+	const reqBody, respBody = "abcdefghijklmnop", "0123456789"
+	h := newHarness(t, Config{Mode: duplexRequestMode(), Cuts: func(r *http.Request, response bool) []int {
+		if response {
+			return []int{4, 3}
+		}
+		return []int{1, 0, 5}
+	}}, echo, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "text/event-stream")
+		w.WriteHeader(200)
+		io.WriteString(w, respBody)
+	}, false)
+	if res := h.do(t, "POST", "/v1/chat/completions", reqBody); res.status != 200 || res.body != respBody {
+		t.Fatalf("got %d %q", res.status, res.body)
+	}
+	if _, _, bodies := h.up.snapshot(); len(bodies) != 1 || string(bodies[0]) != reqBody {
+		t.Errorf("upstream got %q, want %q", bodies, reqBody)
+	}
+	type piece struct {
+		Body string
+		EOS  bool
+	}
+	var req, resp []piece
+	for _, m := range ended(t, h.next(t)).messages() {
+		if b := m.GetRequestBody(); b != nil {
+			req = append(req, piece{string(b.Body), b.EndOfStream})
+		}
+		if b := m.GetResponseBody(); b != nil {
+			resp = append(resp, piece{string(b.Body), b.EndOfStream})
+		}
+	}
+	wantReq := []piece{{"a", false}, {"b", false}, {"cdefg", false}, {"hijkl", false}, {"mnop", true}}
+	wantResp := []piece{{"0123", false}, {"456", false}, {"789", false}, {"", true}}
+	if diff := cmp.Diff(wantReq, req); diff != "" {
+		t.Errorf("request chunks (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantResp, resp); diff != "" {
+		t.Errorf("response chunks (-want +got):\n%s", diff)
+	}
 }

@@ -96,6 +96,14 @@ type Config struct {
 	// ChunkSize re-splits upstream response bodies into chunks of at most this many bytes
 	// (down to 1). Zero passes chunks as read from the upstream.
 	ChunkSize int
+	// Cuts, if set, returns how the body of a request (response false) or of its upstream
+	// response (response true) is cut into body messages: the sizes of successive chunks,
+	// the last size repeating (sizes below 1 count as 1). The stand-in then waits for each
+	// chunk to fill, or the body to end, before passing it on, so that chunk boundaries do
+	// not depend on how the bytes arrived; a body that ends on a boundary ends with an empty
+	// end_of_stream chunk. ChunkSize still applies to response chunks. Nil, or no sizes,
+	// passes request chunks as read and response chunks as ChunkSize says.
+	Cuts func(r *http.Request, response bool) []int
 	// EOSOnLastChunk makes the last response body chunk carry end_of_stream (HTTP/2 style).
 	// False sends an HTTP/1 style final empty chunk with end_of_stream.
 	EOSOnLastChunk bool
