@@ -41,11 +41,17 @@ type Config struct {
 	// and read timeouts), which decide when the store counts as down.
 	// Default 30s.
 	StoreTimeout time.Duration
-	// MaxBodyBytes bounds a request body (a larger one is refused with
-	// 413) and a non-streamed response body kept to read its usage (a
-	// larger one is forwarded, its usage unread). ServerOptions sets the
-	// gRPC receive limit above it, so that tokengate, not gRPC, answers an
-	// oversized body. Default 8 MiB.
+	// MaxBodyBytes bounds a request body in every body mode, and a
+	// non-streamed response body kept to read its usage (a larger one is
+	// forwarded, its usage unread). A request body over it, or a
+	// content-length announcing one, is refused with 413: before the
+	// upstream is contacted in BUFFERED and FULL_DUPLEX_STREAMED mode, with
+	// the upstream request reset in STREAMED mode. A request body is held
+	// whole to be counted, in one buffer of at most MaxBodyBytes.
+	// ServerOptions sets the gRPC receive limit above it, so that tokengate,
+	// not gRPC, answers an oversized BUFFERED body (one message); in the
+	// streamed modes Envoy's chunks are small and only this bound applies.
+	// Default 8 MiB.
 	MaxBodyBytes int
 	// MaxEventBytes bounds one unfinished server-sent event held back while
 	// its end is awaited; a stream past it is forwarded unread and settled

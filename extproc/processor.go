@@ -63,7 +63,10 @@ type request struct {
 	path      string
 	priority  bool
 	ids       map[string]string // identity name → its part of store keys (keys.go)
-	body      []byte
+	body      []byte            // the request body gathered so far (keepChunk)
+	size      int               // bytes of the body received
+	sizeHint  int               // the body's content-length, 0 when unknown
+	trailers  bool              // the body ended with trailers
 	decided   bool
 	count     tokenizer.Count
 	allowance int // output tokens reserved
@@ -79,7 +82,7 @@ type request struct {
 // body, the live count (S13) and the cut-off (S14).
 type response struct {
 	status      int
-	sse         bool
+	sse         bool // a stream of events (SSE or a Gemini JSON array), counted live
 	encoded     bool
 	body        []byte // a non-streamed body, kept to read its usage
 	bodyDropped bool   // the body passed MaxBodyBytes: its usage is not read
@@ -142,7 +145,7 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) erro
 	case *extprocv3.ProcessingRequest_RequestBody:
 		return p.requestBody(r.RequestBody, send)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		return send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+		return p.requestTrailers(send)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		return p.responseHeaders(r.ResponseHeaders, send)
 	case *extprocv3.ProcessingRequest_ResponseBody:
@@ -192,36 +195,50 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			p.req.ids[id.Name] = anonymousPart
 		}
 	}
-	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{"accept-encoding"}}
+	if n, err := strconv.ParseInt(hdr["content-length"], 10, 64); err == nil && n > int64(p.s.cfg.MaxBodyBytes) {
+		// Refused before a byte of the body is read, in every mode.
+		p.req.decision = "bad_request"
+		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
+	} else if err == nil && n > 0 {
+		p.req.sizeHint = int(n)
+	}
 	if h.GetEndOfStream() {
 		p.req.decision = "unmetered" // no body, nothing to count
+	} else if p.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return nil // answered once the body is decided (forward)
 	}
-	return send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}},
-	}})
+	return send(p.requestHeadersAnswer(nil))
 }
 
 func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 	if p.req.decided {
 		return send(requestBodyResponse(nil, nil))
 	}
-	if len(p.req.body)+len(b.GetBody()) > p.s.cfg.MaxBodyBytes {
+	chunk, eos := b.GetBody(), b.GetEndOfStream()
+	if p.req.size+len(chunk) > p.s.cfg.MaxBodyBytes {
 		p.req.decision = "bad_request"
 		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
 	}
-	if p.req.body == nil && b.GetEndOfStream() {
-		p.req.body = b.GetBody() // one message: no copy
-	} else {
-		p.req.body = append(p.req.body, b.GetBody()...)
+	p.keepChunk(chunk, eos)
+	switch p.reqMode {
+	case filterv3.ProcessingMode_STREAMED:
+		if !eos {
+			// Earlier chunks pass as they are; the decision waits for the
+			// last chunk (or the trailers), which Envoy releases upstream
+			// only after its answer (§3.2).
+			return send(requestBodyResponse(nil, nil))
+		}
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if !eos {
+			// Nothing is answered, not even the headers, until the body
+			// is complete: the upstream is not contacted before the
+			// decision (§3.2).
+			return nil
+		}
 	}
-	streamed := p.reqMode == filterv3.ProcessingMode_STREAMED
-	if streamed && !b.GetEndOfStream() {
-		// Earlier chunks pass as they are; the decision waits for the last
-		// chunk, which Envoy releases only after this answer.
-		return send(requestBodyResponse(nil, nil))
-	}
-	p.req.decided = true
-	return p.decide(!streamed, send)
+	// BUFFERED: one message holds the whole body (without end_of_stream
+	// when trailers follow).
+	return p.decideBody(send)
 }
 
 // decide counts the request, reserves its chain and answers the request body
@@ -233,8 +250,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		switch {
 		case pass:
 			p.req.decision = "unmetered"
-			p.req.body = nil
-			return send(requestBodyResponse(nil, nil))
+			return p.forward(nil, nil, send)
 		case flat == 0:
 			return p.refuseUncountable(err, send)
 		}
@@ -288,9 +304,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			return nil // the client left while waiting; finish refunds the reservation
 		}
 	}
-	body := p.rewrite(canRewrite)
-	p.req.body = nil
-	return send(requestBodyResponse(body, p.metadata(false)))
+	return p.forward(p.rewrite(canRewrite), p.metadata(false), send)
 }
 
 // reserve asks the store for cost tokens from every bucket of the policy's

@@ -30,11 +30,14 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	}
 	ce := strings.ToLower(hdr["content-encoding"])
 	p.resp.encoded = ce != "" && ce != "identity"
-	p.resp.sse = p.resp.status == 200 && p.st.res != nil && !p.resp.encoded &&
-		strings.HasPrefix(strings.ToLower(hdr["content-type"]), "text/event-stream")
+	// A stream of events: server-sent events, or the JSON array Gemini's
+	// streamGenerateContent sends without alt=sse.
+	fr := provider.FramingOf(p.req.count.API, p.req.path, hdr["content-type"])
+	p.resp.sse = p.resp.status == 200 && p.st.res != nil && !p.resp.encoded && fr != provider.Unframed
 	if p.resp.sse {
-		p.resp.stream = provider.NewStream(p.req.count.API, p.req.count.IncludeUsage, p.req.injected)
+		p.resp.stream = provider.NewFramedStream(p.req.count.API, fr, p.req.count.IncludeUsage, p.req.injected)
 		p.resp.framer = *framerPool.Get().(*provider.Framer) // emptied by Flush before it was pooled
+		p.resp.framer.Reset(fr)
 		p.resp.live = p.s.cfg.counter.NewLive(p.req.count.Encoding)
 	}
 	var set []*corev3.HeaderValueOption
