@@ -797,3 +797,38 @@ func TestModeMatrixEveryBoundary(t *testing.T) {
 	}
 	m.checkLevels(t)
 }
+
+// Gemini's streamGenerateContent without alt=sse answers a JSON array
+// whose elements arrive one after the other: tokengate counts them live
+// (S13), settles the recorded usage at the end (S8), and cuts the stream at
+// a hard cap with finishReason MAX_TOKENS and a well-formed array (S14).
+func TestGeminiJSONArrayStream(t *testing.T) {
+	checkGoroutines(t)
+	m := newMatrixRig(t, buckets.NewMemory(buckets.MemoryOptions{}))
+	rec := loadRecording(t, "gemini/stream-json-array")
+	co := combo{name: "buffered-duplex", req: modeBuffered, resp: modeDuplex}
+
+	x, _, _ := m.do(t, co, "gemini", call{path: "/meter" + rec.Path, body: rec.Request, replay: rec.Name, cutResp: []int{5}})
+	if x.status != 200 || !bytes.Equal(x.body, rec.Response) {
+		t.Errorf("status %d, body of %d bytes, want the recording's %d", x.status, len(x.body), len(rec.Response))
+	}
+	o := m.outcome(t, 1)
+	if o.Settled != rec.Total || !o.Usage || o.Output < 50 {
+		t.Errorf("outcome %+v: want the recorded %d settled, the usage read and the output (some fifty tokens) counted live", o, rec.Total)
+	}
+	m.settled("meter", "gemini", o.Settled)
+
+	x, id, _ := m.do(t, co, "gemini", call{path: "/cut" + rec.Path, body: rec.Request, replay: rec.Name, mock: mockHang})
+	if reason := lastGeminiFinish(t, x); x.status != 200 || reason != "MAX_TOKENS" {
+		t.Errorf("cut-off: status %d, last finishReason %q, want MAX_TOKENS:\n%s", x.status, reason, trim(x.body))
+	}
+	if e := m.entry(t, id); !e.UpstreamCancelled {
+		t.Errorf("the upstream was not cancelled at the cut-off (entry %+v)", e)
+	}
+	o = m.outcome(t, 2)
+	if !o.CutOff || o.Settled != o.InputTokens+o.Output {
+		t.Errorf("cut-off outcome %+v: want cut off, the prompt and the output counted settled", o)
+	}
+	m.settled("cut", "gemini", o.Settled)
+	m.checkLevels(t)
+}
