@@ -234,6 +234,11 @@ type matrixRig struct {
 }
 
 func newMatrixRig(t *testing.T, store buckets.Store) *matrixRig {
+	return newMatrixRigLimit(t, store, matrixMaxBody)
+}
+
+// newMatrixRigLimit is newMatrixRig with tokengate's body limit maxBody.
+func newMatrixRigLimit(t *testing.T, store buckets.Store, maxBody int) *matrixRig {
 	t.Helper()
 	up := newBodyLog()
 	srv := httptest.NewServer(up)
@@ -250,7 +255,7 @@ func newMatrixRig(t *testing.T, store buckets.Store) *matrixRig {
 	led := newLedger(store)
 	g := startGateway(t, gatewayConfig{
 		store: led, policies: matrixPolicies(), upstream: base, routes: matrixRoutes(),
-		maxBodyBytes: matrixMaxBody, cuts: cutsFromHeaders,
+		maxBodyBytes: maxBody, cuts: cutsFromHeaders,
 	})
 	return &matrixRig{g: g, up: up, led: led, counter: newCounter(t), spent: map[string]float64{}}
 }
@@ -830,5 +835,50 @@ func TestGeminiJSONArrayStream(t *testing.T) {
 		t.Errorf("cut-off outcome %+v: want cut off, the prompt and the output counted settled", o)
 	}
 	m.settled("cut", "gemini", o.Settled)
+	m.checkLevels(t)
+}
+
+// An unbounded prompt in FULL_DUPLEX_STREAMED mode (§3.2): no Envoy buffer
+// limit applies, tokengate gathers and counts it, and the upstream gets it
+// whole, re-sent in chunks. The same prompt against a bucket smaller than
+// it gets 413 (S4) and the upstream sees nothing of it. 1 MB by default,
+// 50 MB in the load run.
+func TestHugePromptDuplex(t *testing.T) {
+	checkGoroutines(t)
+	size := 1 << 20
+	if heavy {
+		size = 50 << 20
+	}
+	m := newMatrixRigLimit(t, buckets.NewMemory(buckets.MemoryOptions{}), 64<<20)
+	rec := loadRecording(t, "openai/chat-stream-tool-result-turn")
+	body := largePrompt(size)
+	co := combo{name: "duplex-duplex", req: modeDuplex, resp: modeDuplex}
+
+	x, id, e := m.do(t, co, "huge", call{path: "/meter" + rec.Path, body: body, replay: rec.Name})
+	if x.err != nil || x.status != 200 || !bytes.Equal(x.body, rec.Response) {
+		t.Errorf("status %d err %v, body of %d bytes, want the recording's %d", x.status, x.err, len(x.body), len(rec.Response))
+	}
+	if got, _, ok := m.up.got(id); !ok || !bytes.Equal(got, body) {
+		t.Errorf("the upstream got %d bytes (whole %v), want the client's %d", len(got), ok, len(body))
+	}
+	if e.Status != 200 || e.Reset {
+		t.Errorf("stand-in entry %+v", e)
+	}
+	m.admitted(t, 1, rec, body, "meter", "huge")
+
+	before := m.up.requests.Load()
+	x, id, e = m.do(t, co, "huge", call{path: "/tight" + rec.Path, body: body, replay: rec.Name})
+	if je, err := x.jsonError(); x.status != 413 || err != nil || je.Error.Code != "request_too_large" {
+		t.Errorf("prompt larger than the bucket: status %d %+v (%v), want 413 request_too_large", x.status, je.Error, err)
+	}
+	if n := m.up.requests.Load() - before; n != 0 || e.UpstreamRequested {
+		t.Errorf("the upstream saw %d requests (entry %+v), want none", n, e)
+	}
+	if _, _, ok := m.up.got(id); ok {
+		t.Error("the upstream received the refused prompt")
+	}
+	if o := m.outcome(t, 2); o.Decision != "never_admissible" || o.InputTokens < size/8 {
+		t.Errorf("outcome %+v, want never_admissible with the whole prompt counted", o)
+	}
 	m.checkLevels(t)
 }
