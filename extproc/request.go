@@ -84,6 +84,21 @@ func (p *processor) requestTrailers(send sendFunc) error {
 	return send(answer)
 }
 
+// decideUnended decides, at the response headers, a STREAMED body that
+// never ended: one that ends with trailers while request_trailer_mode is
+// SKIP has no end_of_stream message (§2.3), so it reaches the upstream
+// undecided. An upstream that accepted it (200) read all of it, and the
+// response headers are still held: a refusal replaces the upstream's answer
+// (§4), an admission meters the response as usual. An upstream that
+// answered otherwise before the body ended is not metered.
+func (p *processor) decideUnended(send sendFunc) error {
+	if p.req.decided || p.reqMode != filterv3.ProcessingMode_STREAMED || p.req.size == 0 || p.resp.status != 200 {
+		return nil
+	}
+	p.req.trailers = true // no body message awaits its answer
+	return p.decideBody(send)
+}
+
 // requestHeadersAnswer is the answer to the request headers: the upstream
 // answers in identity encoding (§9.9), which a cut-off can append to. In
 // duplex mode the body that follows may be rewritten, so the

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -334,5 +337,52 @@ func TestKeepChunk(t *testing.T) {
 	p.keepChunk(one, true)
 	if &p.req.body[0] != &one[0] {
 		t.Error("a body in one message was copied")
+	}
+}
+
+// A STREAMED body that ends with trailers while request_trailer_mode is
+// SKIP never shows tokengate its end (§2.3): it is decided when the
+// upstream's 200 arrives, whose headers Envoy still holds, so that trailers
+// cannot carry a request past the meter. A refusal replaces the upstream's
+// answer with the 429.
+func TestStreamedRequestTrailersSkipped(t *testing.T) {
+	mode := duplexMode()
+	mode.RequestBodyMode = streamed
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte(`{}`)}}
+	pol := Policy{Name: "p", Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 150, Rate: 1e-9}}}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, mode: mode})
+	post := func() (*http.Response, string) {
+		req, err := http.NewRequest("POST", r.front.URL+chatPath, io.MultiReader(strings.NewReader(`{"model":"m","max_tokens":100,"messages":[]}`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = -1
+		req.Trailer = http.Header{"X-Checksum": {"1"}}
+		resp, err := r.front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, string(b)
+	}
+	if resp, body := post(); resp.StatusCode != 200 || body != `{}` {
+		t.Fatalf("first: %d %q", resp.StatusCode, body)
+	}
+	if o := r.outcome(t); o.Decision != "admitted" || o.Settled != 110 {
+		t.Errorf("first: outcome %+v, want admitted and its reservation settled", o)
+	}
+	resp, body := post()
+	if resp.StatusCode != 429 || !strings.Contains(body, "rate_limit_exceeded") {
+		t.Errorf("second: %d %q, want 429", resp.StatusCode, body)
+	}
+	if o := r.outcome(t); o.Decision != "refused_tokens" {
+		t.Errorf("second: outcome %+v, want refused_tokens", o)
+	}
+	if e := r.entry(t, 2); !slices.Contains(e.Sent, "request_body") || slices.Contains(e.Sent, "request_trailers") {
+		t.Errorf("messages sent %v: want body chunks and no trailers (SKIP)", e.Sent)
 	}
 }

@@ -28,6 +28,9 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	if p.resp.status == 0 {
 		p.resp.status = 200
 	}
+	if err := p.decideUnended(send); err != nil || p.done {
+		return err
+	}
 	ce := strings.ToLower(hdr["content-encoding"])
 	p.resp.encoded = ce != "" && ce != "identity"
 	// A stream of events: server-sent events, or the JSON array Gemini's
