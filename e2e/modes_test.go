@@ -26,6 +26,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/redisstore"
+	"github.com/tokengate/tokengate/envoy"
 	"github.com/tokengate/tokengate/envoy/standin"
 	"github.com/tokengate/tokengate/extproc"
 	"github.com/tokengate/tokengate/internal/redistest"
@@ -880,5 +881,38 @@ func TestHugePromptDuplex(t *testing.T) {
 	if o := m.outcome(t, 2); o.Decision != "never_admissible" || o.InputTokens < size/8 {
 		t.Errorf("outcome %+v, want never_admissible with the whole prompt counted", o)
 	}
+	m.checkLevels(t)
+}
+
+// The shipped envoy.yaml switched to duplex request bodies (request_body_mode
+// FULL_DUPLEX_STREAMED, request_trailer_mode SEND, as its comments and
+// `tokengate validate` advise for prompts of any size) is valid, and the
+// modes it then names work end to end: admitted and settled at the
+// recorded usage, refused with 429 and 413 before the upstream is
+// contacted, cut off cleanly.
+func TestEnvoyYAMLDuplexRequest(t *testing.T) {
+	checkGoroutines(t)
+	data := strings.NewReplacer(
+		"request_body_mode: BUFFERED", "request_body_mode: FULL_DUPLEX_STREAMED",
+		"request_trailer_mode: SKIP", "request_trailer_mode: SEND",
+	).Replace(string(envoy.Recommended()))
+	if data == string(envoy.Recommended()) {
+		t.Fatal("envoy.yaml no longer has the modes this test switches")
+	}
+	rep := envoy.Check("envoy.yaml", []byte(data), envoy.Options{})
+	if envoy.HasErrors(rep.Problems) || len(rep.Modes) != 1 || !rep.Modes[0].Supported {
+		t.Fatalf("envoy.yaml with duplex requests: problems %v, modes %+v", rep.Problems, rep.Modes)
+	}
+	mu := rep.Modes[0]
+	co := combo{name: modeName(mu.Request) + "-" + modeName(mu.Response), req: mu.Request, resp: mu.Response}
+	if co.name != "duplex-duplex" {
+		t.Fatalf("the switched file names modes %s", co.name)
+	}
+	m := newMatrixRig(t, buckets.NewMemory(buckets.MemoryOptions{}))
+	rng := rand.New(rand.NewPCG(1, 1))
+	t.Run("replay", func(t *testing.T) { matrixReplay(t, m, co, rng) })
+	t.Run("refuse", func(t *testing.T) { matrixRefuse(t, m, co) })
+	t.Run("too large", func(t *testing.T) { matrixTooLarge(t, m, co) })
+	t.Run("cut off", func(t *testing.T) { matrixCutOff(t, m, co) })
 	m.checkLevels(t)
 }
