@@ -219,7 +219,8 @@ func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 		p.req.decision = "bad_request"
 		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
 	}
-	p.keepChunk(chunk, eos)
+	streaming := p.reqMode == filterv3.ProcessingMode_STREAMED || p.duplexRequest()
+	p.keepChunk(chunk, eos || !streaming) // a BUFFERED body is one message, trailers or not
 	switch p.reqMode {
 	case filterv3.ProcessingMode_STREAMED:
 		if !eos {
