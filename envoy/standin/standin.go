@@ -28,6 +28,9 @@
 //   - a local reply to a request already on its way upstream (STREAMED or duplex) resets the
 //     downstream stream and the upstream request; an HTTP/1 connection whose request was not
 //     read to its end is closed after a local reply;
+//   - side-stream messages written in order from a goroutine of their own, as Envoy's async
+//     gRPC client queues them: answers are read while a Send waits on flow control, so the
+//     two sides never stall each other with large bodies in flight both ways;
 //   - side-stream close: a half-close followed at once by a reset, as Envoy does by default,
 //     or the graceful close of the runtime guard ext_proc_graceful_grpc_close
 //     ([Config.GracefulClose]).
