@@ -219,12 +219,14 @@ type call struct {
 	cutResp  []int
 	chunked  bool // no content-length
 	trailers bool // request trailers (implies chunked)
+	h2       bool // HTTP/2 (h2c) instead of HTTP/1.1
 }
 
 // matrixRig is one gateway serving every combination, its upstream, and
 // what the test expects each user bucket to hold at the end.
 type matrixRig struct {
 	g       *gateway
+	h2      *http.Client // an h2c client of the gateway
 	up      *bodyLog
 	led     *ledger
 	counter *tokenizer.Counter
@@ -258,7 +260,11 @@ func newMatrixRigLimit(t *testing.T, store buckets.Store, maxBody int) *matrixRi
 		store: led, policies: matrixPolicies(), upstream: base, routes: matrixRoutes(),
 		maxBodyBytes: maxBody, cuts: cutsFromHeaders,
 	})
-	return &matrixRig{g: g, up: up, led: led, counter: newCounter(t), spent: map[string]float64{}}
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &protos, DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &matrixRig{g: g, h2: &http.Client{Transport: tr}, up: up, led: led, counter: newCounter(t), spent: map[string]float64{}}
 }
 
 // do sends c for user through combination co and returns what the client
@@ -283,7 +289,11 @@ func (m *matrixRig) do(t *testing.T, co combo, user string, c call) (exchange, s
 		req.Trailer = http.Header{"X-Checksum": {fmt.Sprint(len(c.body))}}
 	}
 	m.headers(req.Header, id, user, c)
-	resp, err := m.g.client.Do(req)
+	client := m.g.client
+	if c.h2 {
+		client = m.h2
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("%s: %v", id, err)
 	}
@@ -764,21 +774,23 @@ func lastGeminiFinish(t *testing.T, x exchange) string {
 	return reason
 }
 
-// Request trailers (trailer mode SEND) end the body in every mode: the
-// decision comes first, then the trailers reach the upstream after the
-// whole body (§2.3).
+// Request trailers (trailer mode SEND) end the body in every mode, over
+// HTTP/1.1 (chunked) and HTTP/2: the decision comes first, then the
+// trailers reach the upstream after the whole body (§2.3).
 func matrixTrailers(t *testing.T, m *matrixRig, co combo) {
 	rec := loadRecording(t, "anthropic/messages-stream-text")
-	n := m.g.outcomes.len() + 1
-	x, id, _ := m.do(t, co, "trailers", call{path: "/meter" + rec.Path, body: rec.Request, replay: rec.Name, trailers: true, cutReq: []int{50}})
-	if x.err != nil || x.status != 200 || !bytes.Equal(x.body, rec.Response) {
-		t.Errorf("status %d err %v, body of %d bytes", x.status, x.err, len(x.body))
+	for _, h2 := range []bool{false, true} {
+		n := m.g.outcomes.len() + 1
+		x, id, _ := m.do(t, co, "trailers", call{path: "/meter" + rec.Path, body: rec.Request, replay: rec.Name, trailers: true, cutReq: []int{50}, h2: h2})
+		if x.err != nil || x.status != 200 || !bytes.Equal(x.body, rec.Response) {
+			t.Errorf("h2 %v: status %d err %v, body of %d bytes", h2, x.status, x.err, len(x.body))
+		}
+		got, tr, ok := m.up.got(id)
+		if !ok || !bytes.Equal(got, rec.Request) || tr.Get("X-Checksum") != strconv.Itoa(len(rec.Request)) {
+			t.Errorf("h2 %v: the upstream got %q (whole %v) with trailers %v", h2, trim(got), ok, tr)
+		}
+		m.admitted(t, n, rec, rec.Request, "meter", "trailers")
 	}
-	got, tr, ok := m.up.got(id)
-	if !ok || !bytes.Equal(got, rec.Request) || tr.Get("X-Checksum") != strconv.Itoa(len(rec.Request)) {
-		t.Errorf("the upstream got %q (whole %v) with trailers %v", trim(got), ok, tr)
-	}
-	m.admitted(t, n, rec, rec.Request, "meter", "trailers")
 }
 
 // Every byte boundary (§9.1 rule 10): in every combination, a small
