@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // Input classes for benchmarks and the linearity test. Realistic classes
@@ -26,6 +28,106 @@ func cjkText(n int, rng *rand.Rand, punct bool) string {
 		b.WriteRune(runes[rng.IntN(len(runes))])
 		if punct && rng.IntN(18) == 0 {
 			b.WriteString("。")
+		}
+	}
+	return b.String()
+}
+
+// emojis are single emoji, skin-tone modified, ZWJ sequences, flags and
+// keycaps: what chat text holds.
+var emojis = strings.Fields("😀 😂 🥲 😍 🤔 🙄 😭 😡 👍 👍🏽 👎🏿 👋🏻 🙏 👏🏼 💪🏾 🎉 🔥 ✨ ❤️ 💔 ✅ ❌ ⚠️ 🚀 🌍 🍕 ☕ 🐱 🐶 🦄 " +
+	"👨‍👩‍👧 👩🏽‍💻 🧑‍🚀 🏳️‍🌈 ❤️‍🔥 🇳🇱 🇯🇵 🇺🇸 🇧🇷 1️⃣ #️⃣ 🫠 🫶🏻 🪿")
+
+// emojiText is emoji, mostly in runs, between short words and spaces.
+func emojiText(n int, rng *rand.Rand) string {
+	words := strings.Fields("ok lol yes no wow thanks love this great so fun")
+	var b strings.Builder
+	for b.Len() < n {
+		for range 1 + rng.IntN(4) {
+			b.WriteString(emojis[rng.IntN(len(emojis))])
+		}
+		switch rng.IntN(3) {
+		case 0:
+			b.WriteString(" " + words[rng.IntN(len(words))] + " ")
+		case 1:
+			b.WriteString(" ")
+		}
+	}
+	return b.String()
+}
+
+// marksText is words whose letters carry combining marks: decomposed
+// Latin with one or two diacritics, and heavier stacks ("zalgo").
+func marksText(n int, rng *rand.Rand) string {
+	const letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	var b strings.Builder
+	for b.Len() < n {
+		heavy := rng.IntN(4) == 0
+		for range 2 + rng.IntN(8) {
+			b.WriteByte(letters[rng.IntN(len(letters))])
+			marks := rng.IntN(2)
+			if heavy {
+				marks = 1 + rng.IntN(6)
+			}
+			for range marks {
+				b.WriteRune(rune(0x300 + rng.IntN(0x70)))
+			}
+		}
+		b.WriteByte(" .,\n"[rng.IntN(4)])
+	}
+	return b.String()
+}
+
+// randomRunes is code points drawn uniformly from those Go's unicode
+// tables assign (letters, marks, numbers, punctuation, symbols, spaces of
+// every script and plane; no private use).
+func randomRunes(n int, rng *rand.Rand) string {
+	var b strings.Builder
+	for b.Len() < n {
+		r := rune(rng.IntN(0x32000))
+		if unicode.In(r, unicode.L, unicode.M, unicode.N, unicode.P, unicode.S, unicode.Z) {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// mixedScripts are the scripts of mixedText.
+var mixedScripts = []*unicode.RangeTable{
+	unicode.Latin, unicode.Cyrillic, unicode.Greek, unicode.Arabic, unicode.Hebrew,
+	unicode.Devanagari, unicode.Bengali, unicode.Tamil, unicode.Thai, unicode.Georgian,
+	unicode.Armenian, unicode.Ethiopic, unicode.Hangul, unicode.Han, unicode.Hiragana, unicode.Katakana,
+}
+
+// mixedText is words of random letters (and marks) of a dozen scripts,
+// one script per word, between spaces, punctuation and numbers: text in
+// many languages that a cache of pieces has not seen.
+func mixedText(n int, rng *rand.Rand) string {
+	var letters [][]rune
+	for _, tab := range mixedScripts {
+		var rs []rune
+		for r := rune(0); r < 0x10000; r++ {
+			if unicode.Is(tab, r) && unicode.In(r, unicode.L, unicode.M) {
+				rs = append(rs, r)
+			}
+		}
+		letters = append(letters, rs)
+	}
+	var b strings.Builder
+	for b.Len() < n {
+		rs := letters[rng.IntN(len(letters))]
+		for range 2 + rng.IntN(7) {
+			b.WriteRune(rs[rng.IntN(len(rs))])
+		}
+		switch rng.IntN(8) {
+		case 0:
+			b.WriteString(", ")
+		case 1:
+			b.WriteString(". ")
+		case 2:
+			b.WriteString(" " + strconv.Itoa(rng.IntN(10000)) + " ")
+		default:
+			b.WriteByte(' ')
 		}
 	}
 	return b.String()
@@ -96,6 +198,14 @@ func benchInput(tb testing.TB, class string, n int) string {
 		s = strings.Repeat("1234567890", n/10+1)
 	case "punct":
 		s = strings.Repeat("!@#$%^&*()", n/10+1)
+	case "emoji":
+		s = emojiText(n, rng)
+	case "marks":
+		s = marksText(n, rng)
+	case "random":
+		s = randomRunes(n, rng)
+	case "mixed":
+		s = mixedText(n, rng)
 	default:
 		tb.Fatalf("unknown input class %q", class)
 	}

@@ -64,5 +64,5 @@ var ratioClasses = func() []string {
 	if s := os.Getenv("TOKENGATE_RATIO_CLASSES"); s != "" {
 		return strings.Split(s, ",")
 	}
-	return []string{"prose", "code", "json", "cjk", "base64", "cjk-nospace"}
+	return []string{"prose", "code", "json", "cjk", "base64", "cjk-nospace", "emoji", "marks", "random", "mixed"}
 }()
