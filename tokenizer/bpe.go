@@ -104,6 +104,9 @@ func (v *vocab) rank(s string) int32 {
 		}
 		return noRank
 	}
+	if !v.mayBeLong(s) {
+		return noRank
+	}
 	if r, ok := v.ranks[s]; ok {
 		return r
 	}
@@ -111,9 +114,11 @@ func (v *vocab) rank(s string) int32 {
 }
 
 // countText returns the number of tokens of text, encoded as ordinary text
-// (special-token strings are plain text).
+// (special-token strings are plain text). Invalid UTF-8 counts as if each
+// invalid byte were U+FFFD (see sanitize); the pre-tokenizers split raw
+// text into the same pieces, so only a piece that holds such bytes is
+// rewritten, by countPiece.
 func (v *vocab) countText(w *worker, text string) int {
-	text = sanitize(text)
 	n := 0
 	for i := 0; i < len(text); {
 		e, _ := v.split(text, i)
@@ -123,8 +128,9 @@ func (v *vocab) countText(w *worker, text string) int {
 	return n
 }
 
-// sanitize maps invalid UTF-8 bytes to U+FFFD one by one, as tiktoken-go's
-// rune conversion does, so counts agree on any input.
+// sanitize maps invalid UTF-8 bytes to U+FFFD one by one, as the
+// conversion of bytes to text does in tiktoken's bindings, so counts are
+// defined on any input.
 func sanitize(s string) string {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= 0x80 {
@@ -137,20 +143,29 @@ func sanitize(s string) string {
 	return s
 }
 
+// countPiece counts the tokens of piece p, which may hold invalid UTF-8.
 func (v *vocab) countPiece(w *worker, p string) int {
 	switch len(p) {
 	case 1:
-		return 1
+		if p[0] < 0x80 {
+			return 1
+		}
+		return v.countPiece(w, sanitize(p))
 	case 2:
+		if p[0]|p[1] >= 0x80 && charLen(p, 0) != 2 {
+			return v.countPiece(w, sanitize(p))
+		}
 		if v.pair[int(p[0])<<8|int(p[1])] != noRank {
 			return 1
 		}
 		return 2
 	}
 	w.work++
-	if v.rank(p) != noRank {
+	if v.rank(p) != noRank && utf8.ValidString(p) {
 		return 1
 	}
+	// The cache is keyed by the raw piece: invalid bytes map to U+FFFD
+	// the same way every time.
 	var slot *cacheSlot
 	if len(p) <= cacheMaxPiece {
 		c := w.cache[v.id]
@@ -171,6 +186,29 @@ func (v *vocab) countPiece(w *worker, p string) int {
 	return n
 }
 
+// charLen returns the length of the valid UTF-8 sequence of two to four
+// bytes at p[i], or 0.
+func charLen(p string, i int) int {
+	b := p[i]
+	switch {
+	case b-0xC2 < 0x1E:
+		if i+1 < len(p) && isCont(p[i+1]) {
+			return 2
+		}
+	case b-0xE0 < 0x10:
+		if i+2 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) &&
+			(b != 0xE0 || p[i+1] >= 0xA0) && (b != 0xED || p[i+1] < 0xA0) {
+			return 3
+		}
+	case b-0xF0 < 5:
+		if i+3 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) && isCont(p[i+3]) &&
+			(b != 0xF0 || p[i+1] >= 0x90) && (b != 0xF4 || p[i+1] < 0x90) {
+			return 4
+		}
+	}
+	return 0
+}
+
 // encodePiece appends the ranks of p's tokens to dst.
 func (v *vocab) encodePiece(w *worker, p string, dst []int) []int {
 	if r, ok := v.ranks[p]; ok {
@@ -187,28 +225,21 @@ const scanParts = 64
 // merge is tiktoken's byte-pair merge of p: repeatedly merge the adjacent
 // pair of parts of lowest rank (leftmost on ties). It returns the number of
 // tokens and, when out is not nil, appends them. Short pieces are merged
-// with a scan, long ones with a tournament tree; characters that are one
-// token start as one part when that provably changes nothing (premerge.go).
+// with a scan, long ones with a tournament tree; a piece with non-ASCII
+// characters is cut around those that BPE never joins with their
+// neighbours, and characters that are one token start as one part, when
+// that provably changes nothing (premerge.go).
 func (v *vocab) merge(w *worker, p string, out *[]int) int {
-	ascii := true
 	for i := 0; i < len(p); i++ {
 		if p[i] >= 0x80 {
-			ascii = false
-			break
+			return v.mergeChars(w, p, out)
 		}
 	}
-	if !ascii {
-		if cap(w.starts) < len(p)+1 {
-			w.starts = make([]int32, 0, len(p)+1)
-		}
-		starts, whole := v.partStarts(p, w.starts)
-		if whole {
-			if len(starts)-1 <= scanParts {
-				return v.mergeScan(w, p, starts, out)
-			}
-			return v.mergeLarge(w, p, starts, out)
-		}
-	}
+	return v.mergeBytes(w, p, out)
+}
+
+// mergeBytes merges p from one part per byte.
+func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
 	if len(p) <= smallPiece {
 		var startBuf [smallPiece + 1]int32
 		var rankBuf [smallPiece]int32
@@ -223,6 +254,84 @@ func (v *vocab) merge(w *worker, p string, out *[]int) int {
 		return v.scan(w, p, starts, ranks, out)
 	}
 	return v.mergeLarge(w, p, nil, out)
+}
+
+// mergeChars merges p, which has non-ASCII characters, segment by
+// segment (invalid UTF-8 first becomes U+FFFD, see sanitize): a character that BPE makes several tokens of and that no token
+// cuts ends a segment and adds its own tokens; inside a segment, a
+// character that may start whole is one part, others one part per byte.
+func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
+	if cap(w.starts) < len(p)+1 {
+		w.starts = make([]int32, 0, len(p)+1)
+	}
+	starts := w.starts[:0]
+	n, seg, whole := 0, 0, false
+	outLen := 0
+	if out != nil {
+		outLen = len(*out)
+	}
+	for i := 0; i < len(p); {
+		b := p[i]
+		if b < 0x80 {
+			starts = append(starts, int32(i-seg))
+			i++
+			continue
+		}
+		var ci charInfo
+		size := charLen(p, i)
+		switch size {
+		case 2:
+			ci = v.chars[rune(b&0x1F)<<6|rune(p[i+1]&0x3F)]
+		case 3:
+			ci = v.chars[rune(b&0x0F)<<12|rune(p[i+1]&0x3F)<<6|rune(p[i+2]&0x3F)]
+		case 4:
+			ci = v.suppInfo(p[i : i+4])
+		default: // invalid UTF-8: start again with U+FFFD for it
+			if out != nil {
+				*out = (*out)[:outLen]
+			}
+			return v.mergeChars(w, sanitize(p), out)
+		}
+		switch {
+		case ci.rank >= 0 && v.uncut(p, i, size, ci):
+			starts = append(starts, int32(i-seg))
+			whole = true
+		case ci.rank < -1 && v.uncut(p, i, size, ci):
+			n += v.mergeSegment(w, p[seg:i], starts, whole, out)
+			n += int(-ci.rank)
+			if out != nil {
+				v.mergeBytes(w, p[i:i+size], out)
+			}
+			seg, starts, whole = i+size, starts[:0], false
+		default:
+			for k := range size {
+				starts = append(starts, int32(i+k-seg))
+			}
+		}
+		i += size
+	}
+	return n + v.mergeSegment(w, p[seg:], starts, whole, out)
+}
+
+// mergeSegment merges s from the parts that start at starts, which are
+// bytes unless whole.
+func (v *vocab) mergeSegment(w *worker, s string, starts []int32, whole bool, out *[]int) int {
+	switch {
+	case len(s) == 0:
+		return 0
+	case !whole:
+		return v.mergeBytes(w, s, out)
+	case len(starts) == 1:
+		if out != nil {
+			*out = append(*out, int(v.rank(s)))
+		}
+		return 1
+	}
+	starts = append(starts, int32(len(s)))
+	if len(starts)-1 <= scanParts {
+		return v.mergeScan(w, s, starts, out)
+	}
+	return v.mergeLarge(w, s, starts, out)
 }
 
 // joinRank returns the rank of p[a:b], the join of two adjacent parts.

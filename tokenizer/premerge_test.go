@@ -67,7 +67,7 @@ func TestPremergeCutTokens(t *testing.T) {
 			pre := pick(filler) + pick(filler) + left
 			text := pre + x + right + pick(filler) + pick(filler)
 			r, _ := utf8.DecodeRuneInString(x)
-			if v.whole(text, len(pre), len(x), v.chars[r]) {
+			if v.uncut(text, len(pre), len(x), v.chars[r]) {
 				t.Errorf("%s: cut of %q in %q not found", enc, x, text)
 			}
 			return text

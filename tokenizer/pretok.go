@@ -101,10 +101,23 @@ func class(s string, i int) (uint8, int) {
 	if b < utf8.RuneSelf {
 		return bmpClass[b], 1
 	}
-	// Three-byte characters led by E1..EC or EE..EF (CJK, kana, hangul)
-	// have no overlong or surrogate forms: decode them inline.
-	if b-0xE1 < 0x0F && b != 0xED && i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 {
-		return bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+	// Decode inline the sequences that have no overlong or surrogate
+	// forms: two bytes led by C2..DF (Latin, Greek, Cyrillic, Arabic, ...),
+	// three led by E1..EC or EE..EF (CJK, kana, hangul, Indic, ...), four
+	// led by F1..F3 or F0 with a second byte from 90 (emoji, rare CJK).
+	switch {
+	case b-0xC2 < 0x1E:
+		if i+1 < len(s) && s[i+1]&0xC0 == 0x80 {
+			return bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
+		}
+	case b-0xE1 < 0x0F && b != 0xED:
+		if i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 {
+			return bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+		}
+	case b-0xF0 < 4:
+		if i+3 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 && s[i+3]&0xC0 == 0x80 && (b != 0xF0 || s[i+1] >= 0x90) {
+			return classOf(rune(b&0x07)<<18 | rune(s[i+1]&0x3F)<<12 | rune(s[i+2]&0x3F)<<6 | rune(s[i+3]&0x3F)), 4
+		}
 	}
 	r, n := utf8.DecodeRuneInString(s[i:])
 	return classOf(r), n
