@@ -111,7 +111,7 @@ func readTiktokenFixture(t *testing.T) ([]string, []fixtureLine) {
 func TestTiktokenUnicodeFixture(t *testing.T) {
 	templates, lines := readTiktokenFixture(t)
 	c := newTestCounter(t)
-	seen := make(map[rune]int) // templates each code point was counted in
+	seen := make([]uint8, unicode.MaxRune+1) // templates each code point was counted in
 	var b strings.Builder
 	bad := 0
 	for _, l := range lines {
@@ -147,91 +147,118 @@ func TestTiktokenUnicodeFixture(t *testing.T) {
 	// The fixture must cover what it claims: every code point that Go's
 	// unicode package (15.0) knows as assigned, plus the additions, in
 	// every template.
-	missing := 0
-	for r := rune(0); r <= unicode.MaxRune; r++ {
-		if unicode.Is(unicode.Cs, r) || !assigned15(r) {
-			continue
+	missing, covered := 0, 0
+	for r, n := range seen {
+		if n > 0 {
+			covered++
 		}
-		if seen[r] != len(templates) {
-			missing++
+		if int(n) != len(templates) && n > 0 {
+			t.Errorf("U+%04X is in %d templates, want %d", r, n, len(templates))
 		}
+	}
+	for _, tab := range assignedGo {
+		forEachRune(tab, func(r rune) {
+			if int(seen[r]) != len(templates) && !unicode.Is(unicode.Cs, r) {
+				missing++
+			}
+		})
 	}
 	if missing > 0 {
 		t.Errorf("%d code points assigned in Unicode %s are not in every template of the fixture", missing, unicode.Version)
 	}
-	if len(seen) < 290000 || len(templates) < 8 {
-		t.Errorf("fixture has %d code points in %d templates, want every assigned code point of Unicode 16 (290k+) in 8+", len(seen), len(templates))
+	if covered < 290000 || len(templates) < 8 {
+		t.Errorf("fixture has %d code points in %d templates, want every assigned code point of Unicode 16 (290k+) in 8+", covered, len(templates))
 	}
-	t.Logf("%d lines, %d code points, %d templates", len(lines), len(seen), len(templates))
+	t.Logf("%d lines, %d code points, %d templates", len(lines), covered, len(templates))
 }
 
-// assigned15 reports whether r is assigned in Go's unicode tables.
-func assigned15(r rune) bool {
-	return unicode.In(r, unicode.L, unicode.M, unicode.N, unicode.P, unicode.S, unicode.Z,
-		unicode.Cc, unicode.Cf, unicode.Co, unicode.Cs)
+// assignedGo are the tables of Go's unicode package that together hold
+// every assigned code point.
+var assignedGo = []*unicode.RangeTable{unicode.L, unicode.M, unicode.N, unicode.P, unicode.S, unicode.Z,
+	unicode.Cc, unicode.Cf, unicode.Co, unicode.Cs}
+
+// forEachRune calls f with every code point of tab.
+func forEachRune(tab *unicode.RangeTable, f func(rune)) {
+	for _, r := range tab.R16 {
+		for x := rune(r.Lo); x <= rune(r.Hi); x += rune(r.Stride) {
+			f(x)
+		}
+	}
+	for _, r := range tab.R32 {
+		for x := rune(r.Lo); x <= rune(r.Hi); x += rune(r.Stride) {
+			f(x)
+		}
+	}
+}
+
+// runeSet returns the code points of tab as a bitmap indexed by rune.
+func runeSet(tab *unicode.RangeTable) []bool {
+	set := make([]bool, unicode.MaxRune+1)
+	forEachRune(tab, func(r rune) { set[r] = true })
+	return set
 }
 
 // TestUnicodeTablesExtendGo checks the generated Unicode 16 tables against
 // Go's own (15.0): they may differ only on code points that 15.0 did not
 // assign, and the pre-tokenizer classes must follow them.
 func TestUnicodeTablesExtendGo(t *testing.T) {
-	if unicode.Version != "15.0.0" {
-		t.Logf("Go's unicode package is at %s; the tables are %s", unicode.Version, unicodeVersion)
-	}
 	initClasses()
-	pairs := []struct {
+	assigned := make([]bool, unicode.MaxRune+1)
+	for _, tab := range assignedGo {
+		forEachRune(tab, func(r rune) { assigned[r] = true })
+	}
+	type pair struct {
 		name      string
 		ours, std *unicode.RangeTable
-	}{
+	}
+	pairs := []pair{
 		{"L", letter16, unicode.L}, {"N", number16, unicode.N}, {"M", mark16, unicode.M},
 		{"Lu", upper16, unicode.Lu}, {"Ll", lower16, unicode.Ll}, {"Lt", title16, unicode.Lt},
 		{"Lm", modifier16, unicode.Lm}, {"Lo", otherLetter16, unicode.Lo}, {"White_Space", whiteSpace16, unicode.White_Space},
 	}
+	ours, std := make([][]bool, len(pairs)), make([][]bool, len(pairs))
+	for i, p := range pairs {
+		ours[i], std[i] = runeSet(p.ours), runeSet(p.std)
+	}
+	const L, N, M, Lu, Ll, Lt, Lm, Lo, WS = 0, 1, 2, 3, 4, 5, 6, 7, 8 // indices in pairs
 	added := 0
-	for r := rune(0); r <= unicode.MaxRune; r++ {
-		for _, p := range pairs {
-			ours, theirs := unicode.Is(p.ours, r), unicode.Is(p.std, r)
-			if ours != theirs && (assigned15(r) || !ours) {
-				t.Errorf("U+%04X: %s is %v in Unicode %s, %v in Go's %s", r, p.name, ours, unicodeVersion, theirs, unicode.Version)
+	for r := range rune(unicode.MaxRune + 1) {
+		for i, p := range pairs {
+			if ours[i][r] != std[i][r] && (assigned[r] || !ours[i][r]) {
+				t.Errorf("U+%04X: %s is %v in Unicode %s, %v in Go's %s", r, p.name, ours[i][r], unicodeVersion, std[i][r], unicode.Version)
 			}
 		}
-		if unicode.Is(letter16, r) && !unicode.IsLetter(r) {
+		if ours[L][r] && !std[L][r] {
 			added++
 		}
-		if got, want := classOf(r), classify16(r); got != want {
+		is := func(i int) bool { return ours[i][r] }
+		var want uint8
+		if is(L) {
+			want |= clsL
+		}
+		if is(N) {
+			want |= clsN
+		}
+		if is(WS) {
+			want |= clsS
+		}
+		if is(Lu) || is(Lt) || is(Lm) || is(Lo) || is(M) {
+			want |= clsUpper
+		}
+		if is(Ll) || is(Lm) || is(Lo) || is(M) {
+			want |= clsLower
+		}
+		if r == '\r' || r == '\n' {
+			want |= clsNL
+		}
+		if got := classOf(r); got != want {
 			t.Errorf("class of U+%04X = %08b, want %08b", r, got, want)
 		}
 	}
 	if added < 4000 {
 		t.Errorf("%d letters added since Go's tables, want the 4000+ of Unicode 15.1 and 16.0", added)
 	}
-	t.Logf("%d letters added since Unicode %s", added, unicode.Version)
-}
-
-// classify16 is the pre-tokenizer class of r, computed from the tables.
-func classify16(r rune) uint8 {
-	var c uint8
-	is := func(tab *unicode.RangeTable) bool { return unicode.Is(tab, r) }
-	if is(letter16) {
-		c |= clsL
-	}
-	if is(number16) {
-		c |= clsN
-	}
-	if is(whiteSpace16) {
-		c |= clsS
-	}
-	lm, lo, m := is(modifier16), is(otherLetter16), is(mark16)
-	if is(upper16) || is(title16) || lm || lo || m {
-		c |= clsUpper
-	}
-	if is(lower16) || lm || lo || m {
-		c |= clsLower
-	}
-	if r == '\r' || r == '\n' {
-		c |= clsNL
-	}
-	return c
+	t.Logf("%d letters added since Unicode %s (Go's tables), %s here", added, unicode.Version, unicodeVersion)
 }
 
 // TestUnicode16Letters checks a few counts by OpenAI's tiktoken
