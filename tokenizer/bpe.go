@@ -90,6 +90,26 @@ func newWorker() *worker {
 	return &worker{}
 }
 
+// maxKeptPiece is the longest piece whose merge scratch a worker keeps
+// for the next call. A longer piece (one run of a letter, a CJK text
+// without punctuation) allocates its own, which is garbage once counted,
+// so that a pooled worker holds at most ~450 KB of scratch besides its
+// ~350 KB of caches whatever it counted (TestWorkerMemoryBounded).
+const maxKeptPiece = 16 << 10
+
+// trim drops scratch grown past what maxKeptPiece needs.
+func (w *worker) trim() {
+	if cap(w.next) > maxKeptPiece+1 {
+		w.next, w.prev = nil, nil
+	}
+	if cap(w.tree) > 2*maxKeptPiece {
+		w.tree = nil
+	}
+	if cap(w.starts) > maxKeptPiece+1 {
+		w.starts = nil
+	}
+}
+
 // rank returns the rank of s, or noRank.
 func (v *vocab) rank(s string) int32 {
 	if len(s) <= shortMax {

@@ -119,6 +119,7 @@ func (c *Counter) getWorker() *worker {
 }
 
 func (c *Counter) putWorker(w *worker) {
+	w.trim()
 	select {
 	case c.workers <- w:
 	default:
