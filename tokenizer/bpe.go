@@ -63,12 +63,14 @@ type recentRanks struct {
 	ranks [1 << recentBits]int32
 }
 
-// mergeRank is rank for BPE merges, through the worker's recent table.
-func (v *vocab) mergeRank(w *worker, s string) int32 {
-	if len(s) > shortMax {
-		return v.rank(s)
+// mergeRank is rank for BPE merges of p[a:b], through the worker's recent
+// table.
+func (v *vocab) mergeRank(w *worker, p string, a, b int32) int32 {
+	n := b - a
+	if n > shortMax {
+		return v.rank(p[a:b])
 	}
-	k := packShort(s)
+	k := packShort(p[a:b])
 	if !v.mayBeShort(k) {
 		return noRank
 	}
@@ -318,7 +320,7 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 			whole = true
 		case ci.rank < -1 && v.uncut(p, i, size, ci):
 			n += v.mergeSegment(w, p[seg:i], starts, whole, out)
-			n += int(-ci.rank)
+			n += ci.sepTokens()
 			if out != nil {
 				v.mergeBytes(w, p[i:i+size], out)
 			}
@@ -336,6 +338,26 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 // mergeSegment merges s from the parts that start at starts, which are
 // bytes unless whole.
 func (v *vocab) mergeSegment(w *worker, s string, starts []int32, whole bool, out *[]int) int {
+	switch len(s) {
+	case 0:
+		return 0
+	case 1:
+		if out != nil {
+			*out = append(*out, int(v.bytes[s[0]]))
+		}
+		return 1
+	case 2:
+		if r := v.pair[int(s[0])<<8|int(s[1])]; r != noRank {
+			if out != nil {
+				*out = append(*out, int(r))
+			}
+			return 1
+		}
+		if out != nil {
+			*out = append(*out, int(v.bytes[s[0]]), int(v.bytes[s[1]]))
+		}
+		return 2
+	}
 	switch {
 	case len(s) == 0:
 		return 0
@@ -359,7 +381,7 @@ func (v *vocab) joinRank(w *worker, p string, a, b int32) int32 {
 	if b-a == 2 {
 		return v.pair[int(p[a])<<8|int(p[a+1])]
 	}
-	return v.mergeRank(w, p[a:b])
+	return v.mergeRank(w, p, a, b)
 }
 
 // mergeScan merges the parts of p that start at starts (parts+1
@@ -393,17 +415,21 @@ func (v *vocab) scan(w *worker, p string, starts, ranks []int32, out *[]int) int
 		}
 		w.work++
 		// merge parts mi and mi+1
-		copy(starts[mi+1:parts], starts[mi+2:parts+1])
-		copy(ranks[mi+1:parts-1], ranks[mi+2:parts])
+		for j := mi + 1; j < parts; j++ {
+			starts[j] = starts[j+1]
+		}
+		for j := mi + 1; j < parts-1; j++ {
+			ranks[j] = ranks[j+1]
+		}
 		parts--
 		ranks[parts-1] = noRank
 		if mi+1 < parts {
-			ranks[mi] = v.mergeRank(w, p[starts[mi]:starts[mi+2]])
+			ranks[mi] = v.mergeRank(w, p, starts[mi], starts[mi+2])
 		} else {
 			ranks[mi] = noRank
 		}
 		if mi > 0 {
-			ranks[mi-1] = v.mergeRank(w, p[starts[mi-1]:starts[mi+1]])
+			ranks[mi-1] = v.mergeRank(w, p, starts[mi-1], starts[mi+1])
 		}
 	}
 	if out != nil {
@@ -499,13 +525,13 @@ func (v *vocab) mergeLarge(w *worker, p string, starts []int32, out *[]int) int 
 		update(mid, none)
 		if end < int32(n) {
 			prev[end] = pos
-			update(pos, key(v.mergeRank(w, p[pos:next[end]]), pos))
+			update(pos, key(v.mergeRank(w, p, pos, next[end]), pos))
 		} else {
 			update(pos, none)
 		}
 		if pos > 0 {
 			pp := prev[pos]
-			update(pp, key(v.mergeRank(w, p[pp:end]), pp))
+			update(pp, key(v.mergeRank(w, p, pp, end), pp))
 		}
 	}
 	if out != nil {

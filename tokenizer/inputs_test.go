@@ -92,30 +92,49 @@ func randomRunes(n int, rng *rand.Rand) string {
 	return b.String()
 }
 
-// mixedScripts are the scripts of mixedText.
-var mixedScripts = []*unicode.RangeTable{
-	unicode.Latin, unicode.Cyrillic, unicode.Greek, unicode.Arabic, unicode.Hebrew,
-	unicode.Devanagari, unicode.Bengali, unicode.Tamil, unicode.Thai, unicode.Georgian,
-	unicode.Armenian, unicode.Ethiopic, unicode.Hangul, unicode.Han, unicode.Hiragana, unicode.Katakana,
-}
-
-// mixedText is words of random letters (and marks) of a dozen scripts,
-// one script per word, between spaces, punctuation and numbers: text in
-// many languages that a cache of pieces has not seen.
-func mixedText(n int, rng *rand.Rand) string {
-	var letters [][]rune
-	for _, tab := range mixedScripts {
-		var rs []rune
-		for r := rune(0); r < 0x10000; r++ {
-			if unicode.Is(tab, r) && unicode.In(r, unicode.L, unicode.M) {
-				rs = append(rs, r)
+// alphabets are the basic letters (and vowel signs) of a dozen scripts,
+// for mixedText.
+var alphabets = func() [][]rune {
+	span := func(rs []rune, lo, hi rune) []rune {
+		for r := lo; r <= hi; r++ {
+			rs = append(rs, r)
+		}
+		return rs
+	}
+	var hangul []rune // syllables of common initials, vowels and finals
+	for _, l := range []rune{0, 2, 3, 5, 6, 7, 9, 11, 12, 14, 15, 16, 17, 18} {
+		for v := range rune(21) {
+			for _, f := range []rune{0, 0, 4, 8, 16, 21} {
+				hangul = append(hangul, 0xAC00+(l*21+v)*28+f)
 			}
 		}
-		letters = append(letters, rs)
 	}
+	return [][]rune{
+		[]rune("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZàáâäçèéêëíîïñóôöúûüß"),
+		span(span(nil, 0x0410, 0x044F), 0x0451, 0x0451), // Cyrillic
+		span(span(nil, 0x0391, 0x03A9), 0x03B1, 0x03C9), // Greek
+		span(nil, 0x0621, 0x064A),                       // Arabic
+		span(nil, 0x05D0, 0x05EA),                       // Hebrew
+		span(span(nil, 0x0915, 0x0939), 0x093E, 0x094C), // Devanagari
+		span(span(nil, 0x0995, 0x09B9), 0x09BE, 0x09CC), // Bengali
+		span(span(nil, 0x0B95, 0x0BB9), 0x0BBE, 0x0BCC), // Tamil
+		span(span(nil, 0x0E01, 0x0E2E), 0x0E30, 0x0E39), // Thai
+		span(nil, 0x10D0, 0x10FA),                       // Georgian
+		span(nil, 0x0561, 0x0586),                       // Armenian
+		span(nil, 0x1200, 0x1357),                       // Ethiopic
+		span(span(nil, 0x3041, 0x3093), 0x30A1, 0x30F3), // kana
+		[]rune(cjkChars),
+		hangul,
+	}
+}()
+
+// mixedText is text that switches script from word to word: words of
+// random letters of the basic alphabets of a dozen scripts (words a cache
+// of pieces has not seen), between spaces, punctuation and numbers.
+func mixedText(n int, rng *rand.Rand) string {
 	var b strings.Builder
 	for b.Len() < n {
-		rs := letters[rng.IntN(len(letters))]
+		rs := alphabets[rng.IntN(len(alphabets))]
 		for range 2 + rng.IntN(7) {
 			b.WriteRune(rs[rng.IntN(len(rs))])
 		}

@@ -26,10 +26,13 @@ import (
 // exactly as BPE merges them on X alone, since those merges involve X's
 // bytes only and BPE orders them by rank (leftmost on ties) in both runs.
 //
-// Separate (X alone is several tokens T1..Tk). X never becomes one part,
-// so no merge ever joins its bytes with others: the piece's tokens are
-// those of the text before X, then T1..Tk, then those of the text after
-// X, each merged on its own. The piece is cut around X.
+// Separate. If X alone is several tokens T1..Tk, X never becomes one
+// part, so no merge ever joins its bytes with others. If X alone is one
+// token and no longer token starts or ends with the whole X, X becomes
+// one part and stays one: the first merge of the part X with a neighbour
+// would make such a token. Either way the piece's tokens are those of the
+// text before X, then X's own, then those of the text after X, each merged
+// on its own: the piece is cut around X.
 //
 // Whole (X alone is one token). Starting X as one part gives the same
 // tokens in every context when, besides no token cutting X:
@@ -56,8 +59,8 @@ import (
 // charInfo says how a character of two to four bytes starts its merges.
 type charInfo struct {
 	// rank is the character's rank when it may start whole (rank >= 0);
-	// -1 when it is one token that must start as bytes; -k when BPE makes
-	// k >= 2 tokens of it alone, so that a piece is cut around it unless
+	// -1 when it must start as bytes; -(k+1) when it is separate, k
+	// being the number of its own tokens: a piece is cut around it unless
 	// a token cuts it.
 	rank   int32
 	after  uint16 // index in vocab.cuts of the tokens that start with a tail of it (0: none)
@@ -192,17 +195,23 @@ func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
 		}
 	}
 	toks, inner := v.alone(x)
+	rx := v.rank(x)
 	switch {
 	case toks > 1:
-		ci.rank = -int32(toks)
+		ci.rank = -int32(toks) - 1
+	case minStart == math.MaxInt32 && minEnd == math.MaxInt32:
+		ci.rank = -2 // one token that never joins another
+	case inner < rx && rx < minStart && rx < minEnd:
+		ci.rank = rx
 	default:
 		ci.rank = -1
-		if rx := v.rank(x); inner < rx && rx < minStart && rx < minEnd {
-			ci.rank = rx
-		}
 	}
 	return ci
 }
+
+// sepTokens returns the number of tokens of a separate character (rank <
+// -1).
+func (c charInfo) sepTokens() int { return int(-c.rank) - 1 }
 
 // alone runs BPE on the bytes of x (at most 4) alone. It returns the
 // number of tokens and the highest rank of its merges but the last (-1

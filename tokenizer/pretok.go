@@ -35,7 +35,7 @@ const (
 // of those planes are unassigned).
 var (
 	classOnce  sync.Once
-	bmpClass   []uint8  // class of every rune below 0x10000
+	bmpClass   [0x10000]uint8 // class of every rune of the BMP
 	suppIndex  []uint16 // (r-0x10000)>>8: index of r's block in suppBlocks
 	suppBlocks []uint8  // blocks of 256 classes
 )
@@ -66,7 +66,7 @@ func initClasses() {
 		}
 		all['\r'] |= clsNL
 		all['\n'] |= clsNL
-		bmpClass = all[:0x10000:0x10000]
+		copy(bmpClass[:], all[:0x10000])
 		supp := all[0x10000:]
 		index := make([]uint16, len(supp)>>8)
 		var blocks []uint8
@@ -97,10 +97,15 @@ func classOf(r rune) uint8 {
 // UTF-8 counts as U+FFFD (a symbol), as tiktoken's conversion of text to
 // valid UTF-8 makes it.
 func class(s string, i int) (uint8, int) {
-	b := s[i]
-	if b < utf8.RuneSelf {
+	if b := s[i]; b < utf8.RuneSelf {
 		return bmpClass[b], 1
 	}
+	return classMulti(s, i)
+}
+
+// classMulti is class for a byte that is not ASCII.
+func classMulti(s string, i int) (uint8, int) {
+	b := s[i]
 	// Decode inline the sequences that have no overlong or surrogate
 	// forms: two bytes led by C2..DF (Latin, Greek, Cyrillic, Arabic, ...),
 	// three led by E1..EC or EE..EF (CJK, kana, hangul, Indic, ...), four

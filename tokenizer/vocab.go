@@ -216,13 +216,26 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 const shortMax = 7
 
 // packShort packs s (at most 7 bytes) and its length into a word; a
-// packed key is never 0, which marks an empty slot.
+// packed key is never 0, which marks an empty slot. Two overlapping loads
+// (they agree on the bytes they share) replace a loop over the bytes.
 func packShort(s string) uint64 {
-	k := uint64(len(s)) << 56
-	for i := 0; i < len(s); i++ {
-		k |= uint64(s[i]) << (8 * i)
+	n := len(s)
+	var k uint64
+	switch {
+	case n >= 4:
+		k = uint64(load32(s, 0)) | uint64(load32(s, n-4))<<(8*(n-4))
+	case n >= 2:
+		k = uint64(s[0]) | uint64(s[1])<<8 | (uint64(s[n-2])|uint64(s[n-1])<<8)<<(8*(n-2))
+	case n == 1:
+		k = uint64(s[0])
 	}
-	return k
+	return k | uint64(n)<<56
+}
+
+// load32 returns the 4 bytes of s at i as a little-endian word.
+func load32(s string, i int) uint32 {
+	s = s[i : i+4]
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
 }
 
 func shortHash(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> 40 }
