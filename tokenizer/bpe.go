@@ -314,11 +314,18 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 			}
 			return v.mergeChars(w, sanitize(p), out)
 		}
+		// Whether a token cuts the character: the filters of vocab.near
+		// clear most characters here, the rest in uncut.
+		uncut := ci.rank != -1
+		if uncut && (ci.after != 0 && i+size < len(p) && v.near[ci.after].has(p[i+size]) ||
+			ci.before != 0 && i > 0 && v.near[ci.before].has(p[i-1])) {
+			uncut = v.uncut(p, i, size, ci)
+		}
 		switch {
-		case ci.rank >= 0 && v.uncut(p, i, size, ci):
+		case uncut && ci.rank >= 0:
 			starts = append(starts, int32(i-seg))
 			whole = true
-		case ci.rank < -1 && v.uncut(p, i, size, ci):
+		case uncut:
 			n += v.mergeSegment(w, p[seg:i], starts, whole, out)
 			n += ci.sepTokens()
 			if out != nil {

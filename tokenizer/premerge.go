@@ -171,6 +171,16 @@ func (v *vocab) buildChars() {
 		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r])
 	}
 	v.cuts = cut.lists
+	v.near = make([]cutNear, len(v.cuts))
+	for i, l := range v.cuts {
+		for _, rest := range l.next {
+			v.near[i][rest[0]>>6] |= 1 << (rest[0] & 63)
+		}
+		for _, pre := range l.prev {
+			b := pre[len(pre)-1]
+			v.near[i][b>>6] |= 1 << (b & 63)
+		}
+	}
 }
 
 // charInfo computes the charInfo of character x (two to four bytes),
@@ -331,6 +341,14 @@ type cutList struct {
 	prev []string  // before a head: the bytes that precede
 }
 
+// cutNear is the first filter of a cutList, kept apart in vocab.near so
+// that the check every character makes touches 32 bytes: bit b is set
+// when a neighbour starts (after a tail) or ends (before a head) with
+// byte b.
+type cutNear [4]uint64
+
+func (f *cutNear) has(b byte) bool { return f[b>>6]&(1<<(b&63)) != 0 }
+
 func pairBit(b0, b1 byte) uint64 { return 1 << ((uint(b0)*11 + uint(b1)) & 63) }
 
 func (c *cutIndex) list(idx *uint16) *cutList {
@@ -443,8 +461,8 @@ func (l *cutList) precededBy(before string) bool {
 
 // uncut reports whether no token cuts the n-byte character at p[i:i+n].
 func (v *vocab) uncut(p string, i, n int, c charInfo) bool {
-	if c.after != 0 && v.cuts[c.after].followedBy(p[i+n:]) {
+	if c.after != 0 && i+n < len(p) && v.near[c.after].has(p[i+n]) && v.cuts[c.after].followedBy(p[i+n:]) {
 		return false
 	}
-	return c.before == 0 || !v.cuts[c.before].precededBy(p[:i])
+	return c.before == 0 || i == 0 || !v.near[c.before].has(p[i-1]) || !v.cuts[c.before].precededBy(p[:i])
 }

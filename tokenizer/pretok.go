@@ -36,8 +36,8 @@ const (
 var (
 	classOnce  sync.Once
 	bmpClass   [0x10000]uint8 // class of every rune of the BMP
-	suppIndex  []uint16 // (r-0x10000)>>8: index of r's block in suppBlocks
-	suppBlocks []uint8  // blocks of 256 classes
+	suppIndex  []uint16       // (r-0x10000)>>8: index of r's block in suppBlocks
+	suppBlocks []uint8        // blocks of 256 classes
 )
 
 func initClasses() {

@@ -57,6 +57,7 @@ type vocab struct {
 	planes   [16]suppPlane // the same for planes 1 to 16, on first use
 	charMaps *charMaps
 	cuts     []cutList
+	near     []cutNear // the first filter of each of cuts
 	// split finds the end of the pre-tokenizer piece starting at i.
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
