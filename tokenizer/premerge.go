@@ -107,7 +107,7 @@ func (v *vocab) buildChars() {
 		if len(tok) < 2 {
 			continue
 		}
-		cut.add(tok)
+		cut.add(tok, int32(rank))
 		if r, n := utf8.DecodeRuneInString(tok); n < len(tok) && n > 1 {
 			if r < 0x10000 {
 				minStart[r] = min(minStart[r], int32(rank))
@@ -140,6 +140,7 @@ func (v *vocab) buildChars() {
 		}
 		l.next = append(append([]string(nil), la.next...), lb.next...)
 		l.prev = append(append([]string(nil), la.prev...), lb.prev...)
+		l.ranks = append(append([]int32(nil), la.ranks...), lb.ranks...)
 		cut.lists = append(cut.lists, l)
 		i := uint16(len(cut.lists) - 1)
 		merged[[2]uint16{a, b}] = i
@@ -335,10 +336,11 @@ type cutIndex struct {
 // neighbour's first two bytes (for a head: its last two, nearest first),
 // so that most characters are cleared without comparing strings.
 type cutList struct {
-	one  [4]uint64 // bit b: a neighbour of one byte b
-	two  uint64    // bit pairBit(b0, b1): a longer neighbour starting b0 b1
-	next []string  // after a tail: the bytes that follow
-	prev []string  // before a head: the bytes that precede
+	one   [4]uint64 // bit b: a neighbour of one byte b
+	two   uint64    // bit pairBit(b0, b1): a longer neighbour starting b0 b1
+	next  []string  // after a tail: the bytes that follow
+	prev  []string  // before a head: the bytes that precede
+	ranks []int32   // the rank of each cutting token, in the order of next or prev
 }
 
 // cutNear is the first filter of a cutList, kept apart in vocab.near so
@@ -371,7 +373,8 @@ func (c *cutIndex) mapList(m map[uint32]uint16, k uint32) *cutList {
 }
 
 // addNext records rest as following a tail.
-func (l *cutList) addNext(rest string) {
+func (l *cutList) addNext(rest string, rank int32) {
+	l.ranks = append(l.ranks, rank)
 	if len(rest) == 1 {
 		l.one[rest[0]>>6] |= 1 << (rest[0] & 63)
 	} else {
@@ -381,7 +384,8 @@ func (l *cutList) addNext(rest string) {
 }
 
 // addPrev records pre as preceding a head.
-func (l *cutList) addPrev(pre string) {
+func (l *cutList) addPrev(pre string, rank int32) {
+	l.ranks = append(l.ranks, rank)
 	n := len(pre)
 	if n == 1 {
 		l.one[pre[0]>>6] |= 1 << (pre[0] & 63)
@@ -391,7 +395,7 @@ func (l *cutList) addPrev(pre string) {
 	l.prev = append(l.prev, pre)
 }
 
-func (c *cutIndex) add(tok string) {
+func (c *cutIndex) add(tok string, rank int32) {
 	k := 0
 	for k < len(tok) && isCont(tok[k]) {
 		k++
@@ -399,11 +403,11 @@ func (c *cutIndex) add(tok string) {
 	if k < len(tok) {
 		switch k {
 		case 1:
-			c.list(&c.tail1[tok[0]&0x3F]).addNext(tok[1:])
+			c.list(&c.tail1[tok[0]&0x3F]).addNext(tok[1:], rank)
 		case 2:
-			c.list(&c.tail2[int(tok[0]&0x3F)<<6|int(tok[1]&0x3F)]).addNext(tok[2:])
+			c.list(&c.tail2[int(tok[0]&0x3F)<<6|int(tok[1]&0x3F)]).addNext(tok[2:], rank)
 		case 3:
-			c.mapList(c.tail3, uint32(tok[0]&0x3F)<<12|uint32(tok[1]&0x3F)<<6|uint32(tok[2]&0x3F)).addNext(tok[3:])
+			c.mapList(c.tail3, uint32(tok[0]&0x3F)<<12|uint32(tok[1]&0x3F)<<6|uint32(tok[2]&0x3F)).addNext(tok[3:], rank)
 		}
 	}
 	for j := len(tok) - 1; j >= 1 && j >= len(tok)-3; j-- {
@@ -416,34 +420,36 @@ func (c *cutIndex) add(tok string) {
 		}
 		switch len(tok) - j {
 		case 1:
-			c.list(&c.head1[tok[j]-0xC0]).addPrev(tok[:j])
+			c.list(&c.head1[tok[j]-0xC0]).addPrev(tok[:j], rank)
 		case 2:
-			c.list(&c.head2[int(tok[j]-0xE0)<<6|int(tok[j+1]&0x3F)]).addPrev(tok[:j])
+			c.list(&c.head2[int(tok[j]-0xE0)<<6|int(tok[j+1]&0x3F)]).addPrev(tok[:j], rank)
 		case 3:
-			c.mapList(c.head3, uint32(tok[j])<<12|uint32(tok[j+1]&0x3F)<<6|uint32(tok[j+2]&0x3F)).addPrev(tok[:j])
+			c.mapList(c.head3, uint32(tok[j])<<12|uint32(tok[j+1]&0x3F)<<6|uint32(tok[j+2]&0x3F)).addPrev(tok[:j], rank)
 		}
 		break
 	}
 }
 
-// followedBy reports whether a neighbour of l follows, at the start of after.
-func (l *cutList) followedBy(after string) bool {
+// followedBy reports whether a neighbour of l whose token ranks below
+// bound follows, at the start of after.
+func (l *cutList) followedBy(after string, bound int32) bool {
 	if len(after) == 0 {
 		return false
 	}
 	if l.one[after[0]>>6]&(1<<(after[0]&63)) == 0 && (len(after) < 2 || l.two&pairBit(after[0], after[1]) == 0) {
 		return false
 	}
-	for _, rest := range l.next {
-		if strings.HasPrefix(after, rest) {
+	for j, rest := range l.next {
+		if l.ranks[j] < bound && strings.HasPrefix(after, rest) {
 			return true
 		}
 	}
 	return false
 }
 
-// precededBy reports whether a neighbour of l precedes, at the end of before.
-func (l *cutList) precededBy(before string) bool {
+// precededBy reports whether a neighbour of l whose token ranks below
+// bound precedes, at the end of before.
+func (l *cutList) precededBy(before string, bound int32) bool {
 	n := len(before)
 	if n == 0 {
 		return false
@@ -451,8 +457,8 @@ func (l *cutList) precededBy(before string) bool {
 	if l.one[before[n-1]>>6]&(1<<(before[n-1]&63)) == 0 && (n < 2 || l.two&pairBit(before[n-1], before[n-2]) == 0) {
 		return false
 	}
-	for _, pre := range l.prev {
-		if strings.HasSuffix(before, pre) {
+	for j, pre := range l.prev {
+		if l.ranks[j] < bound && strings.HasSuffix(before, pre) {
 			return true
 		}
 	}
@@ -460,9 +466,17 @@ func (l *cutList) precededBy(before string) bool {
 }
 
 // uncut reports whether no token cuts the n-byte character at p[i:i+n].
+// For a character that may start whole, only cutting tokens that rank
+// below it count: until the character is whole one of its own merges,
+// all ranked at most its rank, is pending, so a merge that would cut it
+// and ranks above it never comes first.
 func (v *vocab) uncut(p string, i, n int, c charInfo) bool {
-	if c.after != 0 && i+n < len(p) && v.near[c.after].has(p[i+n]) && v.cuts[c.after].followedBy(p[i+n:]) {
+	bound := int32(math.MaxInt32)
+	if c.rank >= 0 {
+		bound = c.rank
+	}
+	if c.after != 0 && i+n < len(p) && v.near[c.after].has(p[i+n]) && v.cuts[c.after].followedBy(p[i+n:], bound) {
 		return false
 	}
-	return c.before == 0 || i == 0 || !v.near[c.before].has(p[i-1]) || !v.cuts[c.before].precededBy(p[:i])
+	return c.before == 0 || i == 0 || !v.near[c.before].has(p[i-1]) || !v.cuts[c.before].precededBy(p[:i], bound)
 }

@@ -39,8 +39,9 @@ func (v *vocab) info(x string) charInfo {
 // cut a piece (premerge.go), of the BMP and of the planes of emoji and
 // rare CJK, next to every byte-level token that cuts a character with its
 // tail or head, in the context where it matches: there, the character must
-// be merged from its bytes. Treating it otherwise changes the tokens, so
-// this test fails if the cut check is wrong.
+// be merged from its bytes, unless the token ranks above a character that
+// may start whole. Every case is compared with the oracle token for token,
+// so this test fails if the cut check is wrong either way.
 func TestPremergeCutTokens(t *testing.T) {
 	c := newTestCounter(t)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -79,11 +80,17 @@ func TestPremergeCutTokens(t *testing.T) {
 		}
 		pick := func(xs []string) string { return xs[rng.IntN(len(xs))] }
 		// around puts left+x+right between filler characters and checks
-		// that the cut index finds the token there.
-		around := func(left, x, right string) string {
+		// that the cut index finds the token (of rank rank) there, unless
+		// it ranks above a character that may start whole.
+		ignored := 0
+		around := func(left, x, right string, rank int) string {
 			pre := pick(filler) + pick(filler) + left
 			text := pre + x + right + pick(filler) + pick(filler)
-			if v.uncut(text, len(pre), len(x), v.info(x)) {
+			ci := v.info(x)
+			switch {
+			case ci.rank >= 0 && int32(rank) > ci.rank:
+				ignored++
+			case v.uncut(text, len(pre), len(x), ci):
 				t.Errorf("%s: cut of %+q in %+q not found", enc, x, text)
 			}
 			return text
@@ -95,7 +102,7 @@ func TestPremergeCutTokens(t *testing.T) {
 				cases++
 			}
 		}
-		for _, tok := range v.tokens {
+		for rank, tok := range v.tokens {
 			k := 0
 			for k < len(tok) && isCont(tok[k]) {
 				k++
@@ -104,21 +111,21 @@ func TestPremergeCutTokens(t *testing.T) {
 				xs := tails[tok[:k]]
 				for range min(3, len(xs)) {
 					// the character ends with tok's tail; the rest follows
-					check(around("", pick(xs), tok[k:]))
+					check(around("", pick(xs), tok[k:], rank))
 				}
 			}
 			if j := lastLead(tok); j > 0 {
 				xs := heads[tok[j:]]
 				for range min(3, len(xs)) {
 					// the character starts with tok's head; the rest precedes
-					check(around(tok[:j], pick(xs), ""))
+					check(around(tok[:j], pick(xs), "", rank))
 				}
 			}
 		}
 		if cases < 500 {
 			t.Errorf("%s: only %d cut cases checked", enc, cases)
 		}
-		t.Logf("%s: %d cut cases", enc, cases)
+		t.Logf("%s: %d cut cases, %d of them ranked above the character", enc, cases, ignored)
 	}
 }
 
