@@ -26,6 +26,11 @@ var differentialSeeds = []string{
 	"aGVsbG8gd29ybGQgdGhpcyBpcyBiYXNlNjQgZW5jb2RlZCB0ZXh0Cg==", strings.Repeat("a", 300),
 	strings.Repeat(" ", 200) + "x", strings.Repeat("\n", 100), strings.Repeat("ab", 150),
 	strings.Repeat("漢", 120), strings.Repeat("!@#", 60), strings.Repeat("9", 50),
+	// invalid UTF-8 inside pieces that are merged by characters
+	"日本\xe4\xb8語です", "😀\xf0\x9f😀 x", "a\xccb\u0301c", "Привет\xd0мир", "\xed\xa0\x80漢字",
+	// characters that cut their piece, one and four bytes, in runs
+	"𠀀𠀁𠀂𠀃 x𠀀y 𪚲'𠮷s", "ǅ𝒜𝓑𝔠 ℌ𝕏", "👩🏽‍💻👨‍👩‍👧‍👦🏳️‍🌈 🇯🇵🇺🇸", "a\u0300\u0301\u0302\u0303b\u0336\u0337",
+	"ꦗꦮ ᏣᎳᎩ ትግርኛ ქართული Հայերեն",
 }
 
 func checkSame(t *testing.T, c *Counter, text string) {

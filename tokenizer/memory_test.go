@@ -27,22 +27,23 @@ func (w *worker) retained() int {
 func TestWorkerMemoryBounded(t *testing.T) {
 	const bound = 1 << 20
 	c := newTestCounter(t)
-	inputs := map[string]string{
-		"one letter":    strings.Repeat("a", 4<<20),
-		"CJK, no break": benchInput(t, "cjk-nospace", 4<<20),
-		"emoji run":     strings.Repeat("😀🥲", 1<<19),
+	inputs := []struct{ name, enc, text string }{
+		{"one letter", O200kBase, strings.Repeat("a", 4<<20)},
+		{"CJK, no break", Cl100kBase, benchInput(t, "cjk-nospace", 4<<20)},
+		{"emoji run", O200kBase, strings.Repeat("\U0001F600\U0001F972", 1<<19)},
 	}
 	prose := benchInput(t, "prose", 64<<10)
-	for name, text := range inputs {
+	for _, in := range inputs {
+		name := in.name
+		// Ordinary text first, so that the worker's caches exist.
 		for _, enc := range encodings {
-			// Ordinary text first, so that the worker's caches exist.
 			if _, err := c.CountText(enc, prose); err != nil {
 				t.Fatal(err)
 			}
-			n, err := c.CountText(enc, text)
-			if err != nil || n == 0 {
-				t.Fatalf("%s %s: CountText = %d, %v", name, enc, n, err)
-			}
+		}
+		n, err := c.CountText(in.enc, in.text)
+		if err != nil || n == 0 {
+			t.Fatalf("%s %s: CountText = %d, %v", name, in.enc, n, err)
 		}
 		// Every pooled worker: the one that counted and any other.
 		var ws []*worker
