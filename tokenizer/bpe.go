@@ -183,7 +183,9 @@ func (v *vocab) countPiece(w *worker, p string) int {
 		return 2
 	}
 	w.work++
-	if v.rank(p) != noRank && utf8.ValidString(p) {
+	// A piece that is a token is one token, unless the token is a
+	// fragment of a character: then the piece holds invalid UTF-8.
+	if r := v.rank(p); r != noRank && v.valid[r>>6]&(1<<(r&63)) != 0 {
 		return 1
 	}
 	// The cache is keyed by the raw piece: invalid bytes map to U+FFFD

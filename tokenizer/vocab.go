@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/pkoukk/tiktoken-go-loader/assets"
@@ -62,6 +63,9 @@ type vocab struct {
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
 	tokens []string
+	// valid has bit r set when token r is valid UTF-8 (not a fragment of
+	// a character).
+	valid []uint64
 }
 
 // numVocabs is the number of vocabularies this package can load.
@@ -202,6 +206,12 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 		default:
 			i, m := filterSlot(longKey(tok))
 			v.filter[i] |= m
+		}
+	}
+	v.valid = make([]uint64, (len(v.tokens)+63)/64)
+	for r, tok := range v.tokens {
+		if utf8.ValidString(tok) {
+			v.valid[r>>6] |= 1 << (r & 63)
 		}
 	}
 	for b, r := range v.bytes {
