@@ -150,9 +150,10 @@ func (v *vocab) countText(w *worker, text string) int {
 	return n
 }
 
-// sanitize maps invalid UTF-8 bytes to U+FFFD one by one, as the
-// conversion of bytes to text does in tiktoken's bindings, so counts are
-// defined on any input.
+// sanitize maps invalid UTF-8 bytes to U+FFFD one by one, as Go's
+// conversion to runes does (and tiktoken-go with it). Text that reaches
+// OpenAI's tiktoken is always valid Unicode, so this only has to be a
+// consistent choice, and counts stay defined on any input.
 func sanitize(s string) string {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= 0x80 {

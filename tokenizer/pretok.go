@@ -93,9 +93,8 @@ func classOf(r rune) uint8 {
 	return suppBlocks[int(suppIndex[(r-0x10000)>>8])<<8|int(r&0xFF)]
 }
 
-// class returns the class and byte length of the rune at s[i]. Invalid
-// UTF-8 counts as U+FFFD (a symbol), as tiktoken's conversion of text to
-// valid UTF-8 makes it.
+// class returns the class and byte length of the rune at s[i]. An
+// invalid UTF-8 byte counts as U+FFFD (a symbol), see sanitize.
 func class(s string, i int) (uint8, int) {
 	if b := s[i]; b < utf8.RuneSelf {
 		return bmpClass[b], 1
