@@ -282,9 +282,10 @@ func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
 }
 
 // mergeChars merges p, which has non-ASCII characters, segment by
-// segment (invalid UTF-8 first becomes U+FFFD, see sanitize): a character that BPE makes several tokens of and that no token
-// cuts ends a segment and adds its own tokens; inside a segment, a
-// character that may start whole is one part, others one part per byte.
+// segment (invalid UTF-8 first becomes U+FFFD, see sanitize): a separate
+// character that no token cuts ends a segment and adds its own tokens;
+// inside a segment, a character that may start whole and that no token
+// cuts is one part, others one part per byte (premerge.go).
 func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 	if cap(w.starts) < len(p)+1 {
 		w.starts = make([]int32, 0, len(p)+1)
@@ -369,8 +370,6 @@ func (v *vocab) mergeSegment(w *worker, s string, starts []int32, whole bool, ou
 		return 2
 	}
 	switch {
-	case len(s) == 0:
-		return 0
 	case !whole:
 		return v.mergeBytes(w, s, out)
 	case len(starts) == 1:

@@ -35,7 +35,8 @@ import (
 // on its own: the piece is cut around X.
 //
 // Whole (X alone is one token). Starting X as one part gives the same
-// tokens in every context when, besides no token cutting X:
+// tokens in every context when, besides no token cutting X (and here only
+// tokens that rank below X count, see uncut):
 //
 //  1. (reachable) every merge of BPE on X alone before the last has a rank
 //     below rank(X);
