@@ -330,7 +330,9 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 			starts = append(starts, int32(i-seg))
 			whole = true
 		case uncut:
-			n += v.mergeSegment(w, p[seg:i], starts, whole, out)
+			if seg < i {
+				n += v.mergeSegment(w, p[seg:i], starts, whole, out)
+			}
 			n += ci.sepTokens()
 			if out != nil {
 				v.mergeBytes(w, p[i:i+size], out)
