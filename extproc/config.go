@@ -54,7 +54,8 @@ type Config struct {
 	// StreamIdleTimeout ends a stream on which Envoy sends nothing for this
 	// long; an open reservation is settled as aborted. Longer than the
 	// longest silence of an upstream (a slow non-streamed answer sends
-	// nothing until it is done). Default 10m.
+	// nothing until it is done). It is also each reservation's lifetime in
+	// the store (see reservationLifetime). Default 10m.
 	StreamIdleTimeout time.Duration
 	// MaxStreams bounds the streams open at once; one more is refused with
 	// RESOURCE_EXHAUSTED (Envoy answers its status_on_error, or, failing
@@ -116,6 +117,9 @@ type Outcome struct {
 	Waited time.Duration
 	// InDebt names the buckets that settlement left below zero (S9).
 	InDebt []string
+	// Forgiven names the buckets whose floor (max_debt, or zero for a hard
+	// bucket) kept settlement from charging all of the usage (S9, S14).
+	Forgiven []string
 	// StreamUnread is true when a stream passed Config.MaxEventBytes within
 	// one event: it was forwarded unread and settled at its reservation.
 	StreamUnread bool
@@ -298,6 +302,17 @@ func (c *Config) normalize() error {
 	}
 	return errors.Join(errs...)
 }
+
+// reservationLifetime is how long a reservation stays settleable in the
+// store past its last renewal (buckets.Request.Lifetime): StreamIdleTimeout,
+// and at least each slot's lease (the store sees to that). An open request
+// renews its reservation every third of it (startRenewal), so a request of
+// any length stays settleable while its gateway runs; the lifetime bounds
+// how long the record of a gateway that died is kept (its tokens stay
+// charged), and how long a settlement may still be replayed after a store
+// outage. It follows the idle limit rather than a knob of its own: both say
+// how long tokengate keeps a request it hears nothing about.
+func (c *Config) reservationLifetime() time.Duration { return c.StreamIdleTimeout }
 
 // Allowance is the output allowance a request of this policy reserves: the
 // allowance the counter found (the request's cap, history or the default,

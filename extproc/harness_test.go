@@ -335,6 +335,9 @@ type rigOptions struct {
 	maxEventBytes int
 	idleTimeout   time.Duration
 	maxStreams    int
+	// wrap, when set, is the store the server uses, around the rig's
+	// recording store (a store that settles asynchronously, say).
+	wrap func(*recordingStore) buckets.Store
 }
 
 func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
@@ -349,7 +352,7 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	}
 	srv, err := NewServer(Config{
 		Policies: o.policies, DefaultPolicy: o.policies[0].Name,
-		Store: r.store, Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
+		Store: wrapStore(o.wrap, r.store), Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
 		OnFinish: func(oc Outcome) { r.outcomes <- oc },
 		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
 		Now:      clockNow(o.clock, o.now),
@@ -419,6 +422,14 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		g.Stop()
 	})
 	return r
+}
+
+// wrapStore is wrap(s), or s without wrap.
+func wrapStore(wrap func(*recordingStore) buckets.Store, s *recordingStore) buckets.Store {
+	if wrap == nil {
+		return s
+	}
+	return wrap(s)
 }
 
 // post sends a request through the stand-in and returns the response with

@@ -101,9 +101,10 @@ type response struct {
 
 // settlement is the reservation and what settling it charged (S8). mu
 // guards every field but the atomic counters, which abandon reads while the
-// stream goroutine writes them; the stream goroutine reads res and extended,
-// which only it writes, without it. Extensions, renewals and settlement
-// exclude each other: none follows settlement.
+// stream goroutine writes them, and states and settleErr, which the store's
+// answer writes once before it closes written; the stream goroutine reads
+// res and extended, which only it writes, without it. Extensions, renewals
+// and settlement exclude each other: none follows settlement.
 type settlement struct {
 	mu       sync.Mutex
 	res      *buckets.Reservation
@@ -112,11 +113,17 @@ type settlement struct {
 	actual   int
 	outcome  string
 	inDebt   []string      // buckets settlement left below zero
+	forgiven []string      // buckets whose floor forgave part of the usage
 	clamped  bool          // reported usage beyond the plausible was bounded
-	renewIn  time.Duration // half the shortest slot lease; 0 without slots
-	renewal  stopper       // the next renewal of the slots, nil when none
-	input    atomic.Int64
-	output   atomic.Int64
+	renewIn  time.Duration // a third of the shortest lifetime, see startRenewal
+	renewal  stopper       // the next renewal, nil when none
+	// written is closed when the store has answered the settlement, after
+	// it set states and settleErr (see settleStore); nil before settlement.
+	written   chan struct{}
+	states    []buckets.BucketState
+	settleErr error
+	input     atomic.Int64
+	output    atomic.Int64
 }
 
 func newProcessor(ctx context.Context, s *Server, policy string) *processor {
@@ -298,7 +305,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 // that may wait takes a place in the policy's queue before it asks (S12);
 // it keeps it, until it calls leaveQueue, only if it is to wait.
 func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), err error) {
-	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority}
+	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority, Lifetime: p.s.cfg.reservationLifetime()}
 	for _, r := range p.pol.Buckets {
 		req.Buckets = append(req.Buckets, buckets.Bucket{
 			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,

@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
@@ -150,18 +151,63 @@ func (p *processor) learn() {
 	p.s.cfg.counter.Observe(p.policy, p.req.count.Model, out/max(1, p.req.count.Choices))
 }
 
-// settleStore calls the store; settleMu is held.
+// settleStore hands the settlement to the store; st.mu is held. A store
+// that settles asynchronously (buckets.AsyncSettler: the Redis store sends
+// it with its next call, a round trip less per request) answers later, from
+// another goroutine; finish waits for the answer before it reports, and
+// Shutdown flushes what is still queued. The store gets a copy of the
+// reservation, so p.st.res stays the stream's to read.
 func (p *processor) settleStore(actual int) {
-	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
-	defer cancel()
-	states, err := p.s.cfg.Store.Settle(ctx, p.st.res, float64(actual))
-	if err != nil {
-		p.logAt(slog.LevelError, "settlement failed", "reserved", p.reservedTokens(), "actual", actual, "err", err)
+	written := make(chan struct{})
+	p.st.written = written
+	r := *p.st.res
+	done := func(states []buckets.BucketState, err error) {
+		p.st.states, p.st.settleErr = states, err
+		close(written)
+	}
+	if as, ok := p.s.cfg.Store.(buckets.AsyncSettler); ok {
+		as.SettleAsync(&r, float64(actual), done)
 		return
 	}
-	for _, st := range states {
+	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
+	defer cancel()
+	done(p.s.cfg.Store.Settle(ctx, &r, float64(actual)))
+}
+
+// awaitSettlement waits, up to SettleTimeout, for the store to answer the
+// settlement, and reads its answer: the buckets it left in debt and those
+// whose floor forgave part of the usage. A settlement still unanswered then
+// is left to the store (Shutdown flushes it); the outcome then names no
+// bucket. It runs on the stream's goroutine, without st.mu.
+func (p *processor) awaitSettlement() {
+	p.st.mu.Lock()
+	written, reserved, actual := p.st.written, p.reservedTokens(), p.st.actual
+	p.st.mu.Unlock()
+	if written == nil {
+		return
+	}
+	t := time.NewTimer(p.s.cfg.SettleTimeout)
+	defer t.Stop()
+	select {
+	case <-written:
+	case <-t.C:
+		p.logAt(slog.LevelWarn, "settlement not answered in time; the store still holds it", "timeout", p.s.cfg.SettleTimeout)
+		return
+	}
+	// written is closed after states and settleErr are set, and nothing
+	// writes them again.
+	if err := p.st.settleErr; err != nil {
+		p.logAt(slog.LevelError, "settlement failed", "reserved", reserved, "actual", actual, "err", err)
+		return
+	}
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	for _, st := range p.st.states {
 		if st.Remaining < 0 {
 			p.st.inDebt = append(p.st.inDebt, st.Name)
+		}
+		if st.Forgiven > 0 {
+			p.st.forgiven = append(p.st.forgiven, st.Name)
 		}
 	}
 }
@@ -187,8 +233,9 @@ func (p *processor) finish() {
 	p.releaseOut()
 	p.releaseFramer()
 	p.settle()
+	p.awaitSettlement()
 	p.st.mu.Lock()
-	actual, outcome, settled, inDebt, clamped := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.clamped
+	actual, outcome, settled, inDebt, forgiven, clamped := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.forgiven, p.st.clamped
 	p.st.mu.Unlock()
 	level := slog.LevelInfo
 	if p.req.decision == "admitted" && outcome == "complete" || p.req.decision == "unmetered" {
@@ -218,6 +265,9 @@ func (p *processor) finish() {
 		if p.req.waited > 0 {
 			attrs = append(attrs, "waited", p.req.waited)
 		}
+		if len(forgiven) > 0 {
+			attrs = append(attrs, "forgiven", forgiven)
+		}
 		p.logAt(level, "request finished", attrs...)
 	}
 	if p.s.cfg.OnFinish != nil {
@@ -231,32 +281,40 @@ func (p *processor) finish() {
 			Output: int(p.st.output.Load()), Settled: actual, SettleOutcome: outcome,
 			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
 			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
-			Waited: p.req.waited, InDebt: inDebt, UsageClamped: clamped, StreamUnread: p.resp.unread,
+			Waited: p.req.waited, InDebt: inDebt, Forgiven: forgiven, UsageClamped: clamped, StreamUnread: p.resp.unread,
 		})
 	}
 }
 
-// startRenewal starts renewing the request's concurrency slots on a timer,
-// every half of the shortest lease, until settlement: a request that stays
-// open longer than a slot's lease — a long stream, or a slow answer that
-// sends nothing for minutes — must keep its slot, or the limit would admit
-// more requests than it allows (S11).
+// startRenewal starts renewing the reservation and its concurrency slots
+// on a timer, every third of the shortest of their lifetimes (each slot's
+// lease, the reservation's Lifetime), until settlement; st.mu is held.
+// Every request renews, with or without slots: a request that stays open
+// longer than its reservation's lifetime — a long stream, or a slow answer
+// that sends nothing for minutes — must stay settleable (S8), and keep its
+// slots, or the limit would admit more requests than it allows (S11). A
+// renewal that fails is retried at the next, before anything expires.
 func (p *processor) startRenewal() {
 	if _, ok := p.s.cfg.Store.(buckets.Renewer); !ok {
 		return
 	}
+	shortest := p.st.res.LifetimeOrDefault()
 	for _, sl := range p.st.res.Slots {
-		if half := sl.LeaseOrDefault() / 2; p.st.renewIn == 0 || half < p.st.renewIn {
-			p.st.renewIn = half
-		}
+		shortest = min(shortest, sl.LeaseOrDefault())
 	}
+	p.st.renewIn = shortest / renewalsPerLifetime
 	if p.st.renewIn > 0 {
 		p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
 	}
 }
 
-// renew renews the slots from the renewal timer, unless the reservation
-// is settled meanwhile, and sets the next timer.
+// renewalsPerLifetime is how many renewals fall within the shortest
+// lifetime of a reservation and its slots: with three, one renewal may fail
+// and the next still lands in time.
+const renewalsPerLifetime = 3
+
+// renew renews the reservation and its slots from the renewal timer,
+// unless the reservation is settled meanwhile, and sets the next timer.
 func (p *processor) renew() {
 	p.st.mu.Lock()
 	defer p.st.mu.Unlock()
@@ -266,7 +324,7 @@ func (p *processor) renew() {
 	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
 	defer cancel()
 	if err := p.s.cfg.Store.(buckets.Renewer).Renew(ctx, p.st.res); err != nil {
-		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease unless the next renewal succeeds", "err", err)
+		p.logAt(slog.LevelWarn, "reservation not renewed; it and its slots expire unless the next renewal succeeds", "err", err)
 	}
 	p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
 }
