@@ -36,6 +36,18 @@ type Config struct {
 	// ShutdownGrace bounds how long in-flight streams may run after a stop
 	// signal before they are settled and closed.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// UsageBound bounds the usage a provider may report for a request.
+	UsageBound UsageBound `yaml:"usage_bound"`
+}
+
+// UsageBound is what usage a provider may report before tokengate charges
+// the bound instead (S8): a prompt of at most the counted prompt × Margin +
+// Slack; an output of at most the request's cap (all choices) + Slack, or,
+// without a cap, the larger of the allowance and the live count × Margin +
+// Slack. Omitted fields take the defaults, 4 and 4096.
+type UsageBound struct {
+	Margin *float64 `yaml:"margin"`
+	Slack  *int     `yaml:"slack"`
 }
 
 // Listeners are the addresses tokengate listens on.
@@ -53,6 +65,18 @@ type Listeners struct {
 	GRPCTLS *ListenerTLS `yaml:"grpc_tls"`
 	// AdminTLS serves the admin endpoints over HTTPS; nil serves plain HTTP.
 	AdminTLS *ListenerTLS `yaml:"admin_tls"`
+	// MaxStreams bounds the ext_proc streams open at once; one more is
+	// refused with RESOURCE_EXHAUSTED. Default 10000.
+	MaxStreams int `yaml:"max_streams"`
+	// StreamIdleTimeout ends a stream on which Envoy sends nothing for this
+	// long (its reservation is settled as aborted). It is also how long a
+	// reservation stays settleable in the store past its last renewal.
+	// Default 10m.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// MaxEventBytes bounds one server-sent event held back while its end
+	// is awaited; a stream past it is forwarded unread and charged its
+	// reservation. Default 4 MiB.
+	MaxEventBytes int `yaml:"max_event_bytes"`
 	// Insecure allows the ext_proc listener on a non-loopback address without
 	// client certificates, for a mesh whose sidecar provides mTLS. Without
 	// it such a listener is refused: anyone who reaches the port could send
@@ -322,6 +346,23 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Listeners.MaxRecvMsgBytes == 0 {
 		c.Listeners.MaxRecvMsgBytes = 64 << 20
+	}
+	if c.Listeners.MaxStreams == 0 {
+		c.Listeners.MaxStreams = 10000
+	}
+	if c.Listeners.StreamIdleTimeout == 0 {
+		c.Listeners.StreamIdleTimeout = 10 * time.Minute
+	}
+	if c.Listeners.MaxEventBytes == 0 {
+		c.Listeners.MaxEventBytes = 4 << 20
+	}
+	if c.UsageBound.Margin == nil {
+		m := 4.0
+		c.UsageBound.Margin = &m
+	}
+	if c.UsageBound.Slack == nil {
+		s := 4096
+		c.UsageBound.Slack = &s
 	}
 	if c.Store.Type == "" {
 		c.Store.Type = "memory"

@@ -212,6 +212,7 @@ func (v *validator) validate(c *Config) {
 	v.validateListeners(&c.Listeners)
 	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
+	v.validateUsageBound(&c.UsageBound)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)
 	}
@@ -264,6 +265,25 @@ func (v *validator) validateListeners(l *Listeners) {
 	}
 	if l.MaxRecvMsgBytes < 1<<20 {
 		v.add("listeners.max_recv_msg_bytes", "must be at least 1048576 (a BUFFERED request body travels as one message), got %d", l.MaxRecvMsgBytes)
+	}
+	if l.MaxStreams < 1 {
+		v.add("listeners.max_streams", "must be at least 1, got %d", l.MaxStreams)
+	}
+	if l.StreamIdleTimeout < time.Second {
+		v.add("listeners.stream_idle_timeout", "must be at least 1s (longer than the longest silence of an upstream), got %s", l.StreamIdleTimeout)
+	}
+	if l.MaxEventBytes < 64<<10 {
+		v.add("listeners.max_event_bytes", "must be at least 65536 (one server-sent event of an ordinary stream must fit), got %d", l.MaxEventBytes)
+	}
+}
+
+// validateUsageBound checks the bound on reported usage.
+func (v *validator) validateUsageBound(u *UsageBound) {
+	if m := *u.Margin; !finite(m) || m < 1 {
+		v.add("usage_bound.margin", "must be a number of at least 1 (reported usage up to margin × what was counted), got %v", m)
+	}
+	if s := *u.Slack; s < 1 {
+		v.add("usage_bound.slack", "must be at least 1 (tokens allowed beyond margin × what was counted), got %d", s)
 	}
 }
 
