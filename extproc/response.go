@@ -347,7 +347,7 @@ func (p *processor) overBudget(n int) bool {
 // are sent. In FULL_DUPLEX_STREAMED they go in one streamed_response with
 // end_of_stream, which makes Envoy end the response and reset the upstream.
 // In STREAMED they replace this chunk and later chunks are cleared (the
-// upstream runs on; see README).
+// upstream runs on; see docs/envoy.md).
 func (p *processor) cutOff(send sendFunc) error {
 	p.resp.cut = true
 	delivered := provider.Usage{InputTokens: p.req.count.InputTokens, OutputTokens: p.resp.delivered}

@@ -16,7 +16,7 @@
 // text.
 //
 // For Anthropic and Gemini, whose tokenizers are not public, InputTokens is
-// a conservative estimate (Count.Exact is false); see the repository README for how far
+// a conservative estimate (Count.Exact is false); docs/tokenizer.md says how far
 // it is from recorded usage.
 package tokenizer
 
