@@ -82,7 +82,9 @@ type Config struct {
 	afterFunc func(time.Duration, func()) stopper
 
 	// OnFinish, when set, is called once per request when its stream ends,
-	// on the stream's goroutine, with what happened to it (for metrics).
+	// on the stream's goroutine, with what happened to it (for metrics):
+	// after the store has answered the settlement, or SettleTimeout has
+	// passed waiting for it.
 	OnFinish func(Outcome)
 }
 
