@@ -818,7 +818,10 @@ func TestMaxQueueZeroMeansNoneWait(t *testing.T) {
 	pol := Policy{Name: "p", MaxWait: 5 * time.Second, MaxQueue: 0,
 		Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 100, Rate: 100}}}}
 	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
-	r := newRig(t, u, rigOptions{policies: []Policy{pol}, maxMsgTimeout: 10 * time.Second})
+	// Envoy's 200 ms message timer is raised so that a loaded machine does
+	// not turn the refusal into a 504; a request that waited 0.8 s for its
+	// tokens would still be admitted within it.
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, maxMsgTimeout: 10 * time.Second, msgTimeout: 2 * time.Second})
 	body := `{"model":"m","max_tokens":80,"messages":[]}`
 	if resp, _ := r.post(t, chatPath, body, nil); resp.StatusCode != 200 {
 		t.Fatalf("first: %d", resp.StatusCode)
