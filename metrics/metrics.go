@@ -10,6 +10,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -324,4 +325,19 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	err := rn.Renew(ctx, r)
 	s.observe("renew", start, err)
 	return err
+}
+
+var _ buckets.Inspector = (*Store)(nil)
+
+// Inspect implements buckets.Inspector; a wrapped store that cannot inspect
+// answers an error wrapping errors.ErrUnsupported.
+func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error) {
+	in, ok := s.Store.(buckets.Inspector)
+	if !ok {
+		return nil, nil, fmt.Errorf("metrics: inspect: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	st, q, err := in.Inspect(ctx, bs, qs)
+	s.observe("inspect", start, err)
+	return st, q, err
 }
