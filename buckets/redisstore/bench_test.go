@@ -264,3 +264,98 @@ func parallel(callers, n int, fn func(worker int) error) {
 		panic(err)
 	}
 }
+
+// BenchmarkQuotaOverhead measures what one quota adds to a chain of three
+// buckets (each caller its own user, shared team and provider): reserve
+// then settle with and without a monthly quota of the team's, in
+// alternating rounds of the same run on one standalone Redis, so that both
+// meet the same machine. It reports requests per second of each and
+// quota-throughput-ratio, the chain with the quota over the chain without
+// (the target is ≥ 0.85), and the Redis CPU per request of each.
+func BenchmarkQuotaOverhead(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, settle := range []string{"sync", "async"} {
+		for _, callers := range []int{1, 16} {
+			b.Run(fmt.Sprintf("settle=%s/callers=%d", settle, callers), func(b *testing.B) {
+				quotaOverhead(b, srv, settle == "async", callers)
+			})
+		}
+	}
+}
+
+func quotaOverhead(b *testing.B, srv *redistest.Server, async bool, callers int) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: callers})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{Prefix: fmt.Sprintf("quota%d.%v:", callers, async)})
+	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+	w, err := buckets.ParseWindow("month", "Europe/Amsterdam")
+	if err != nil {
+		b.Fatal(err)
+	}
+	monthly := buckets.Quota{Name: "monthly", Key: "team-monthly", Window: w, Unit: buckets.Money, Limit: 1e15}
+	team := buckets.Bucket{Name: "team", Key: "team", Limit: lim}
+	prov := buckets.Bucket{Name: "provider", Key: "provider", Limit: lim}
+	plain := make([]buckets.Request, callers)
+	quota := make([]buckets.Request, callers)
+	for i := range plain {
+		user := buckets.Bucket{Name: "user", Key: "user" + strconv.Itoa(i), Limit: lim}
+		plain[i] = buckets.Request{Cost: 100, Buckets: []buckets.Bucket{user, team, prov}}
+		quota[i] = plain[i]
+		quota[i].Quotas, quota[i].Money = []buckets.Quota{monthly}, 2500
+	}
+	pair := func(reqs []buckets.Request) func(int) error {
+		return func(worker int) error {
+			d, err := st.Reserve(ctx, reqs[worker])
+			if err != nil {
+				return err
+			}
+			d.Reservation.Spent = 2000
+			if async {
+				st.SettleAsync(d.Reservation, 80, nil)
+				return nil
+			}
+			_, err = st.Settle(ctx, d.Reservation, 80)
+			return err
+		}
+	}
+	run := func(reqs []buckets.Request, n int) (time.Duration, float64) {
+		cpu0 := redisCPU(b, c)
+		start := time.Now()
+		parallel(callers, n, pair(reqs))
+		if err := st.Flush(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start), redisCPU(b, c) - cpu0
+	}
+	run(plain, 4*callers) // every key exists before the rounds
+	run(quota, 4*callers)
+	const rounds = 10
+	var plainTime, quotaTime time.Duration
+	var plainCPU, quotaCPU float64
+	b.ReportAllocs()
+	b.ResetTimer()
+	for r := range rounds {
+		n := max(b.N/rounds, 200)
+		// Alternate which goes first, so that neither always meets a
+		// warmer machine.
+		if r%2 == 0 {
+			d, cpu := run(plain, n)
+			plainTime, plainCPU = plainTime+d, plainCPU+cpu/float64(n)
+		}
+		d, cpu := run(quota, n)
+		quotaTime, quotaCPU = quotaTime+d, quotaCPU+cpu/float64(n)
+		if r%2 == 1 {
+			d, cpu := run(plain, n)
+			plainTime, plainCPU = plainTime+d, plainCPU+cpu/float64(n)
+		}
+	}
+	b.StopTimer()
+	perRound := float64(max(b.N/rounds, 200) * rounds)
+	plainRate, quotaRate := perRound/plainTime.Seconds(), perRound/quotaTime.Seconds()
+	b.ReportMetric(plainRate, "chain-req/s")
+	b.ReportMetric(quotaRate, "chain+quota-req/s")
+	b.ReportMetric(quotaRate/plainRate, "quota-throughput-ratio")
+	b.ReportMetric(plainCPU/rounds, "chain-redis-cpu-µs/req")
+	b.ReportMetric(quotaCPU/rounds, "chain+quota-redis-cpu-µs/req")
+}
