@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/redisstore"
+	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/pricing"
 )
 
@@ -180,14 +183,32 @@ func TestCostBudgetRefusalAndUnpriced(t *testing.T) {
 // A streamed request that would cross a hard cost budget is cut off
 // (S14). In STREAMED mode the upstream runs to its end and reports its
 // usage, which is what the provider bills: the spend recorded is the
-// price table applied to that usage, to the micro-unit.
+// price table applied to that usage, to the micro-unit. On the memory
+// store, on Redis, and on a Redis Cluster, where the quota and the bucket
+// live in different hash slots.
 func TestHardCostBudgetCutsStreamAndRecordsBilledUsage(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { hardCostBudgetCut(t, nil) })
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { c.Close() })
+		hardCostBudgetCut(t, redisstore.New(c, redisstore.Options{}))
+	})
+	t.Run("redis cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t)
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+		t.Cleanup(func() { c.Close() })
+		hardCostBudgetCut(t, redisstore.New(c, redisstore.Options{}))
+	})
+}
+
+func hardCostBudgetCut(t *testing.T, store buckets.Store) {
 	spend := QuotaRule{Name: "spend", Window: mustWindow(t, "month", "Europe/Amsterdam"), Unit: buckets.Money, Limit: 1_000_000, Hard: true}
 	pol := Policy{Name: "p", Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 1e6, Rate: 1e3}}}, Quotas: []QuotaRule{spend}}
 	usage := `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[],` +
 		`"usage":{"prompt_tokens":10,"completion_tokens":30,"total_tokens":40,"prompt_tokens_details":{"cached_tokens":4}}}`
 	u := &upstream{Chunks: [][]byte{sse(words(10)...), sse(words(10)...), sse(words(10)...), streamOf(usage)}}
-	r := newRig(t, u, rigOptions{policies: []Policy{pol}, mode: streamedMode(), prices: testPrices(t)})
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, mode: streamedMode(), prices: testPrices(t), store: store})
 	// Reserved: 10 × 10,000 + 4 × 50,000 = 300,000; each further token
 	// extends by 50,000 while it fits: 14 more, 1,000,000 in all.
 	_, got := r.post(t, chatPath, `{"model":"gpt-4o-mini","stream":true,"max_tokens":4,"stream_options":{"include_usage":true},"messages":[]}`, nil)
