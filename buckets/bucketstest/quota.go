@@ -58,6 +58,12 @@ func priced(cost, money, perToken float64, bs []buckets.Bucket, qs ...buckets.Qu
 	return buckets.Request{Cost: cost, Money: money, MoneyPerToken: perToken, Buckets: bs, Quotas: qs}
 }
 
+// lived gives a request a lifetime of 30 s.
+func lived(r buckets.Request) buckets.Request {
+	r.Lifetime = 30 * time.Second
+	return r
+}
+
 func settleSpent(at time.Duration, of int, actual, spent float64) step {
 	return step{at: at, op: opSettle, of: of, amount: actual, spent: spent}
 }
@@ -150,6 +156,15 @@ func quotaVectors() []vector {
 			reserve(0, mixed(0), outcome{OK: true, Limiting: "hb", Remaining: []float64{76}, Spent: []float64{4}}),
 			settle(0, 0, 24, 76),
 			reserve(0, mixed(0), outcome{Reason: buckets.OverQuota, Limiting: "daily", Wait: endOfEpochDay, Remaining: []float64{76}, Spent: []float64{24}}),
+		}},
+		{"S8 a reservation's quotas are settled once, within its lifetime, renewed or not", []step{
+			reserve(0, lived(qreq(5, soft)), inWindow(5, "2027-01-15", endOfEpochDay)),
+			reserve(0, lived(qreq(3, soft)), inWindow(8, "2027-01-15", endOfEpochDay)),
+			renew(20*time.Second, 1),
+			settle(31*time.Second, 0, 1), // expired: the reservation's 5 stay charged
+			settle(45*time.Second, 1, 1), // renewed: 3 reserved, 1 used
+			settle(45*time.Second, 1, 0), // once only
+			reserve(45*time.Second, qreq(0, soft), inWindow(6, "2027-01-15", endOfEpochDay-45*time.Second)),
 		}},
 		{"quotas of money are charged the request's money, extended per token", []step{
 			reserve(0, money(100, 300_000), outcome{OK: true, Spent: []float64{100, 300_000}}),

@@ -214,7 +214,7 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	}
 	defer cancel()
 	nowArg, id := s.nowArg(), idPart(r.ID)
-	for _, g := range s.groups(r.Buckets, r.Slots, nil) {
+	for _, g := range s.groups(r.Buckets, r.Slots, r.Quotas) {
 		keys := make([]string, 0, 2+len(g.slots))
 		keys = append(keys, s.recordKey(g.tag))
 		holder := "0"
