@@ -168,8 +168,9 @@ local nops, nbk, nqk, maxinline = p[1], p[2], p[3], p[4]
 -- are, or when a holder is full; until then M may be later than needed,
 -- which only keeps the key a little longer.
 local L, T, W, R, M, RN, D = {}, {}, {}, {}, {}, {}, {}
--- Per quota key index: the spend (S) and the TTL of its write (QW).
-local S, QW = {}, {}
+-- Per quota key index: the spend (S), whether the key exists (E: its TTL,
+-- the window's end, stays), and the TTL of its write (QW).
+local S, E, QW = {}, {}, {}
 if nbk + nqk > 0 then
   local vs = redis.call('MGET', unpack(KEYS, 1, nbk + nqk))
   for i = 1, nbk do
@@ -181,7 +182,7 @@ if nbk + nqk > 0 then
   end
   for i = nbk + 1, nbk + nqk do
     local v = vs[i]
-    if v then S[i] = struct.unpack('<d', v) else S[i] = 0 end
+    if v then S[i], E[i] = struct.unpack('<d', v), true else S[i] = 0 end
   end
 end
 -- Records in record keys: per record key, the open reservations this batch
@@ -374,7 +375,9 @@ for o = 1, nops do
 end
 for k, ttl in pairs(QW) do
   if ttl > 0 then
-    if S[k] > 0 then
+    if S[k] > 0 and E[k] then
+      redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'KEEPTTL')
+    elseif S[k] > 0 then
       redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'PX', string.format('%d', ttl))
     else
       redis.call('DEL', KEYS[k])
