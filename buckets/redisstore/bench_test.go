@@ -335,7 +335,7 @@ func quotaOverhead(b *testing.B, srv *redistest.Server, async bool, callers int)
 			b.Fatal(err)
 		}
 		d := time.Since(start)
-		used := redisCPU(b, c) - cpu0 + float64((cpuTime()-self0).Microseconds())
+		used := redisCPU(b, c) - cpu0 + float64((cpuTime() - self0).Microseconds())
 		return float64(n) / d.Seconds(), used / float64(n)
 	}
 	run(plain, 4*callers) // every key exists before the rounds
