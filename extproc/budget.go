@@ -188,6 +188,6 @@ func tightestQuota(states []buckets.QuotaState) (buckets.QuotaState, bool) {
 	return m, true
 }
 
-// usageOf is u with the counts that charge's other branches know: the
-// prompt and the output counted.
+// usageOf is the usage of in prompt and out output tokens counted here,
+// without the provider's split: priced at the plain input and output rates.
 func usageOf(in, out int) provider.Usage { return provider.Usage{InputTokens: in, OutputTokens: out} }
