@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -28,6 +29,11 @@ type Config struct {
 	// Counter counts prompt tokens, estimates output allowances and counts
 	// streamed output.
 	Counter *tokenizer.Counter
+	// Prices prices requests for quotas of money: the most a request can
+	// cost is reserved, what it cost is settled. Required when a policy has
+	// a quota of money; a request for a model it cannot price is then
+	// refused (400 unpriced_model), unless the table has a fallback.
+	Prices *pricing.Table
 	// Namespace is the Envoy dynamic metadata namespace the token counts
 	// are written under (S24). Default "tokengate".
 	Namespace string
@@ -95,8 +101,8 @@ type Outcome struct {
 	// named none of them.
 	Policy string
 	// Decision: admitted, unmetered, refused_tokens, refused_requests,
-	// never_admissible, bad_request, unauthorized, store_error, or empty
-	// when the stream ended before a decision.
+	// refused_budget, never_admissible, bad_request, unauthorized,
+	// store_error, or empty when the stream ended before a decision.
 	Decision    string
 	Model       string
 	InputTokens int
@@ -129,6 +135,20 @@ type Outcome struct {
 	// request makes plausible and the bound was settled instead (see
 	// Config.UsageMargin).
 	UsageClamped bool
+	// Quotas is what settlement charged each quota of the policy, in
+	// order; empty when nothing was reserved.
+	Quotas []QuotaCharge
+	// Budget names the quota that refused the request (decision
+	// refused_budget, or never_admissible by a quota's whole budget).
+	Budget string
+}
+
+// QuotaCharge is what settling one request charged one quota: tokens, or
+// micro-units of Config.Prices' currency when Money is true.
+type QuotaCharge struct {
+	Name   string
+	Money  bool
+	Amount float64
 }
 
 // Policy is one named set of limits: how identities are found, the chain of
@@ -174,6 +194,36 @@ type Policy struct {
 	// UnknownEndpointTokens is the flat cost of a request under
 	// UnknownEndpoints "charge".
 	UnknownEndpointTokens int
+	// Quotas are budgets over calendar windows, reserved and settled with
+	// the buckets, all or none.
+	Quotas []QuotaRule
+}
+
+// QuotaRule is one quota of a policy (see buckets.Quota): a budget per
+// calendar window, keyed like a bucket. Plain data; the zero value is
+// invalid (Name, Window and Limit are required).
+type QuotaRule struct {
+	Name string
+	// Per is an identity name, "model", or "" for one global quota.
+	Per    string
+	Window buckets.Window
+	// Unit is tokens, or money (micro-units of Config.Prices' currency).
+	Unit  buckets.Unit
+	Limit float64
+	// Hard meters streams live against the budget and cuts them off when
+	// it runs out (S14).
+	Hard bool
+}
+
+// charges reports whether the policy has a quota of money, so that its
+// requests are priced.
+func (p *Policy) charges() bool {
+	for _, q := range p.Quotas {
+		if q.Unit == buckets.Money {
+			return true
+		}
+	}
+	return false
 }
 
 // Identity says where one identity of a request is found (S9a): a request
@@ -293,6 +343,9 @@ func (c *Config) normalize() error {
 	}
 	for i := range c.Policies {
 		p := &c.Policies[i]
+		if p.charges() && c.Prices == nil {
+			errs = append(errs, errors.New("Prices is required: policy "+p.Name+" has a quota of money"))
+		}
 		if p.Anonymous == "" {
 			p.Anonymous = anonymousShared
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -70,8 +71,11 @@ type request struct {
 	injected  bool
 	hard      bool
 	states    []buckets.BucketState
-	decision  string // admitted, unmetered, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
-	reply     int    // status of tokengate's own answer (400, 413, 429, …), 0 when none
+	quotas    []buckets.QuotaState
+	price     pricing.Price // the model's, when the policy has a quota of money
+	budget    string        // the quota that refused the request
+	decision  string        // admitted, unmetered, refused_tokens, refused_requests, refused_budget, never_admissible, bad_request, unauthorized, store_error
+	reply     int           // status of tokengate's own answer (400, 413, 429, …), 0 when none
 	waited    time.Duration
 }
 
@@ -114,6 +118,7 @@ type settlement struct {
 	outcome  string
 	inDebt   []string      // buckets settlement left below zero
 	forgiven []string      // buckets whose floor forgave part of the usage
+	quotas   []QuotaCharge // what settlement charged each quota
 	clamped  bool          // reported usage beyond the plausible was bounded
 	renewIn  time.Duration // a third of the shortest lifetime, see startRenewal
 	renewal  stopper       // the next renewal, nil when none
@@ -249,6 +254,13 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	}
 	p.req.count = c
 	p.req.allowance = p.pol.Allowance(c)
+	if p.pol.charges() {
+		price, err := p.s.cfg.Prices.Resolve(c.Model)
+		if err != nil {
+			return p.refuseUnpriced(send)
+		}
+		p.req.price = price
+	}
 	if p.ctx.Err() != nil {
 		return nil // the client left while its request was counted: nothing to reserve
 	}
@@ -260,7 +272,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		p.logAt(slog.LevelError, "bucket store unavailable", "err", err)
 		return p.immediate(unavailable(), send)
 	}
-	p.req.states = d.Buckets
+	p.req.states, p.req.quotas = d.Buckets, d.Quotas
 	p.st.input.Store(int64(c.InputTokens))
 	if !d.OK {
 		switch d.Reason {
@@ -268,8 +280,14 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			p.req.decision = "never_admissible"
 		case buckets.ConcurrencyFull:
 			p.req.decision = "refused_requests"
+		case buckets.OverQuota:
+			p.req.decision = "refused_budget"
 		default:
 			p.req.decision = "refused_tokens"
+		}
+		if st, ok := limitingQuota(d); ok {
+			p.req.budget = st.Name
+			return p.immediate(budgetRefusal(d, st, p.quotaCost(st.Unit, cost), p.currency()), send)
 		}
 		return p.immediate(refusal(d, cost), send)
 	}
@@ -306,15 +324,18 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 // it keeps it, until it calls leaveQueue, only if it is to wait.
 func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), err error) {
 	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority, Lifetime: p.s.cfg.reservationLifetime()}
-	for _, r := range p.pol.Buckets {
-		req.Buckets = append(req.Buckets, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
-		})
-		p.req.hard = p.req.hard || r.Hard
+	req.Buckets, req.Quotas = p.limits(false)
+	for _, b := range req.Buckets {
+		p.req.hard = p.req.hard || b.Hard
+	}
+	for _, q := range req.Quotas {
+		p.req.hard = p.req.hard || q.Hard
 	}
 	for _, r := range p.pol.Concurrency {
 		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
+	}
+	if p.pol.charges() {
+		req.Money, req.MoneyPerToken = p.maxMoney()
 	}
 	queue := p.s.queues[p.policy]
 	if p.pol.MaxWait > 0 && queue.enter() {
@@ -332,6 +353,33 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 		}
 	}
 	return d, leaveQueue, err
+}
+
+// limits are the buckets and quotas of the policy's chain for this
+// request's identities and model, keyed as keys.go describes: what a
+// request reserves and what Server.Usage shows. withoutModel leaves out
+// the rules kept per model (Usage without a model).
+func (p *processor) limits(withoutModel bool) ([]buckets.Bucket, []buckets.Quota) {
+	bs := make([]buckets.Bucket, 0, len(p.pol.Buckets))
+	for _, r := range p.pol.Buckets {
+		if withoutModel && r.Per == perModel {
+			continue
+		}
+		bs = append(bs, buckets.Bucket{
+			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
+			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
+		})
+	}
+	var qs []buckets.Quota
+	for _, r := range p.pol.Quotas {
+		if withoutModel && r.Per == perModel {
+			continue
+		}
+		qs = append(qs, buckets.Quota{
+			Name: r.Name, Key: p.key(r.Name, r.Per, false), Window: r.Window, Unit: r.Unit, Limit: r.Limit, Hard: r.Hard,
+		})
+	}
+	return bs, qs
 }
 
 // rewrite returns the request body with include_usage asked for (S15) and

@@ -43,6 +43,11 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 			set = append(set, headerOption(kv[0], kv[1]))
 		}
 	}
+	if st, ok := tightestQuota(p.req.quotas); ok {
+		for _, kv := range budgetHeaders(st, p.currency()) {
+			set = append(set, headerOption(kv[0], kv[1]))
+		}
+	}
 	if p.resp.status == 429 && p.st.res != nil {
 		if ra := p.providerPause(hdr[headerRetryAfter]); ra != "" {
 			set = append(set, headerOption(headerRetryAfter, ra))

@@ -17,6 +17,10 @@ type charge struct {
 	// makes plausible and bound was charged instead.
 	reported, bound provider.Usage
 	clamped         bool
+	// usage is actual split as billed, which prices it; standing says the
+	// reservation stands as well, so it costs at least what it reserved.
+	usage    provider.Usage
+	standing bool
 }
 
 // settlement is what the request costs, and why (S8):
@@ -44,7 +48,7 @@ func (p *processor) settlement() charge {
 		if p.resp.usageOK && p.resp.usage.Total() > 0 && !p.duplex() {
 			return p.usageCharge(p.resp.usage, "cut_off")
 		}
-		return charge{actual: in + live, outcome: "cut_off"}
+		return charge{actual: in + live, outcome: "cut_off", usage: usageOf(in, live)}
 	case p.resp.status == 0:
 		return charge{outcome: "no_response"}
 	case p.resp.status >= 400:
@@ -61,7 +65,7 @@ func (p *processor) settlement() charge {
 	case p.resp.unread:
 		// Nothing after the unbounded event was read: the reservation
 		// stands, or what was counted before it when that is more.
-		return charge{actual: max(p.reservedTokens(), in+live), outcome: outcome}
+		return charge{actual: max(p.reservedTokens(), in+live), outcome: outcome, usage: usageOf(in, live), standing: true}
 	case p.resp.usageOK:
 		u := p.resp.usage
 		if !p.resp.eosSeen {
@@ -75,9 +79,9 @@ func (p *processor) settlement() charge {
 		}
 		return p.usageCharge(u, outcome)
 	case p.resp.sse:
-		return charge{actual: in + live, outcome: outcome}
+		return charge{actual: in + live, outcome: outcome, usage: usageOf(in, live)}
 	}
-	return charge{actual: p.reservedTokens(), outcome: outcome}
+	return charge{actual: p.reservedTokens(), outcome: outcome, standing: true}
 }
 
 // usageCharge charges reported usage, bounded by what the request makes
@@ -101,7 +105,7 @@ func (p *processor) usageCharge(u provider.Usage, outcome string) charge {
 	if u.OutputTokens > bound.OutputTokens {
 		u.OutputTokens, ch.clamped = bound.OutputTokens, true
 	}
-	ch.actual = u.Total()
+	ch.actual, ch.usage = u.Total(), u
 	return ch
 }
 
@@ -123,6 +127,10 @@ func (p *processor) settle() {
 	p.stopRenewal()
 	c := p.settlement()
 	p.st.actual, p.st.outcome, p.st.clamped = c.actual, c.outcome, c.clamped
+	if p.pol.charges() {
+		p.st.res.Spent = p.spent(c)
+	}
+	p.st.quotas = quotaCharges(p.st.res, float64(c.actual))
 	if c.clamped {
 		p.logAt(slog.LevelWarn, "implausible usage reported: the bound is settled instead",
 			"reported_input", c.reported.InputTokens, "reported_output", c.reported.OutputTokens,
@@ -221,8 +229,13 @@ func (p *processor) abandon() {
 	}
 	p.st.settled = true
 	p.stopRenewal()
-	p.st.actual = int(p.st.input.Load() + p.st.output.Load())
+	in, out := int(p.st.input.Load()), int(p.st.output.Load())
+	p.st.actual = in + out
 	p.st.outcome = "shutdown"
+	if p.pol.charges() {
+		p.st.res.Spent = p.spent(charge{usage: usageOf(in, out)})
+	}
+	p.st.quotas = quotaCharges(p.st.res, float64(p.st.actual))
 	p.settleStore(p.st.actual)
 }
 
@@ -235,7 +248,7 @@ func (p *processor) finish() {
 	p.settle()
 	p.awaitSettlement()
 	p.st.mu.Lock()
-	actual, outcome, settled, inDebt, forgiven, clamped := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.forgiven, p.st.clamped
+	actual, outcome, settled, inDebt, forgiven, clamped, quotas := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.forgiven, p.st.clamped, p.st.quotas
 	p.st.mu.Unlock()
 	level := slog.LevelInfo
 	if p.req.decision == "admitted" && outcome == "complete" || p.req.decision == "unmetered" {
@@ -282,6 +295,7 @@ func (p *processor) finish() {
 			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
 			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
 			Waited: p.req.waited, InDebt: inDebt, Forgiven: forgiven, UsageClamped: clamped, StreamUnread: p.resp.unread,
+			Quotas: quotas, Budget: p.req.budget,
 		})
 	}
 }

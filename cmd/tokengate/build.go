@@ -153,6 +153,7 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 		PolicyMetadataKey: cfg.PolicyMetadataKey,
 		Store:             store,
 		Counter:           counter,
+		Prices:            cfg.Prices(),
 		Namespace:         cfg.Namespace,
 		MaxBodyBytes:      cfg.Listeners.MaxRecvMsgBytes,
 		MaxStreams:        cfg.Listeners.MaxStreams,
@@ -202,6 +203,13 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 		}
 		for _, c := range cp.Concurrency {
 			p.Concurrency = append(p.Concurrency, extproc.ConcurrencyRule{Name: c.Name, Per: c.Per, Max: c.Max, Lease: c.Lease})
+		}
+		for j, q := range cp.Quotas {
+			w, unit, limit, err := q.Budget()
+			if err != nil {
+				return nil, fmt.Errorf("policies[%d].quotas[%d]: %w", i, j, err)
+			}
+			p.Quotas = append(p.Quotas, extproc.QuotaRule{Name: q.Name, Per: q.Per, Window: w, Unit: unit, Limit: limit, Hard: q.Hard})
 		}
 		out = append(out, p)
 	}
