@@ -26,6 +26,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/envoy/standin"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -191,6 +192,15 @@ func (s *recordingStore) Settle(ctx context.Context, r *buckets.Reservation, act
 	return s.inner.Settle(ctx, r, actual)
 }
 
+// Inspect implements buckets.Inspector when the inner store does.
+func (s *recordingStore) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error) {
+	in, ok := s.inner.(buckets.Inspector)
+	if !ok {
+		return nil, nil, errors.ErrUnsupported
+	}
+	return in.Inspect(ctx, bs, qs)
+}
+
 func (s *recordingStore) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
 	s.mu.Lock()
 	s.paused[b.Name] = until
@@ -335,6 +345,10 @@ type rigOptions struct {
 	maxEventBytes int
 	idleTimeout   time.Duration
 	maxStreams    int
+	// wrap, when set, is the store the server uses, around the rig's
+	// recording store (a store that settles asynchronously, say).
+	wrap   func(*recordingStore) buckets.Store
+	prices *pricing.Table
 }
 
 func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
@@ -349,7 +363,7 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	}
 	srv, err := NewServer(Config{
 		Policies: o.policies, DefaultPolicy: o.policies[0].Name,
-		Store: r.store, Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
+		Store: wrapStore(o.wrap, r.store), Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter), Prices: o.prices,
 		OnFinish: func(oc Outcome) { r.outcomes <- oc },
 		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
 		Now:      clockNow(o.clock, o.now),
@@ -419,6 +433,14 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		g.Stop()
 	})
 	return r
+}
+
+// wrapStore is wrap(s), or s without wrap.
+func wrapStore(wrap func(*recordingStore) buckets.Store, s *recordingStore) buckets.Store {
+	if wrap == nil {
+		return s
+	}
+	return wrap(s)
 }
 
 // post sends a request through the stand-in and returns the response with

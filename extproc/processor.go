@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -73,8 +74,11 @@ type request struct {
 	injected  bool
 	hard      bool
 	states    []buckets.BucketState
-	decision  string // admitted, unmetered, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
-	reply     int    // status of tokengate's own answer (400, 413, 429, …), 0 when none
+	quotas    []buckets.QuotaState
+	price     pricing.Price // the model's, when the policy has a quota of money
+	budget    string        // the quota that refused the request
+	decision  string        // admitted, unmetered, refused_tokens, refused_requests, refused_budget, never_admissible, bad_request, unauthorized, store_error
+	reply     int           // status of tokengate's own answer (400, 413, 429, …), 0 when none
 	waited    time.Duration
 }
 
@@ -104,9 +108,10 @@ type response struct {
 
 // settlement is the reservation and what settling it charged (S8). mu
 // guards every field but the atomic counters, which abandon reads while the
-// stream goroutine writes them; the stream goroutine reads res and extended,
-// which only it writes, without it. Extensions, renewals and settlement
-// exclude each other: none follows settlement.
+// stream goroutine writes them, and states and settleErr, which the store's
+// answer writes once before it closes written; the stream goroutine reads
+// res and extended, which only it writes, without it. Extensions, renewals
+// and settlement exclude each other: none follows settlement.
 type settlement struct {
 	mu       sync.Mutex
 	res      *buckets.Reservation
@@ -115,11 +120,18 @@ type settlement struct {
 	actual   int
 	outcome  string
 	inDebt   []string      // buckets settlement left below zero
+	forgiven []string      // buckets whose floor forgave part of the usage
+	quotas   []QuotaCharge // what settlement charged each quota
 	clamped  bool          // reported usage beyond the plausible was bounded
-	renewIn  time.Duration // half the shortest slot lease; 0 without slots
-	renewal  stopper       // the next renewal of the slots, nil when none
-	input    atomic.Int64
-	output   atomic.Int64
+	renewIn  time.Duration // a third of the shortest lifetime, see startRenewal
+	renewal  stopper       // the next renewal, nil when none
+	// written is closed when the store has answered the settlement, after
+	// it set states and settleErr (see settleStore); nil before settlement.
+	written   chan struct{}
+	states    []buckets.BucketState
+	settleErr error
+	input     atomic.Int64
+	output    atomic.Int64
 }
 
 func newProcessor(ctx context.Context, s *Server, policy string) *processor {
@@ -259,6 +271,13 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	}
 	p.req.count = c
 	p.req.allowance = p.pol.Allowance(c)
+	if p.pol.charges() {
+		price, err := p.s.cfg.Prices.Resolve(c.Model)
+		if err != nil {
+			return p.refuseUnpriced(send)
+		}
+		p.req.price = price
+	}
 	if p.ctx.Err() != nil {
 		return nil // the client left while its request was counted: nothing to reserve
 	}
@@ -270,7 +289,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		p.logAt(slog.LevelError, "bucket store unavailable", "err", err)
 		return p.immediate(unavailable(), send)
 	}
-	p.req.states = d.Buckets
+	p.req.states, p.req.quotas = d.Buckets, d.Quotas
 	p.st.input.Store(int64(c.InputTokens))
 	if !d.OK {
 		switch d.Reason {
@@ -278,8 +297,14 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			p.req.decision = "never_admissible"
 		case buckets.ConcurrencyFull:
 			p.req.decision = "refused_requests"
+		case buckets.OverQuota:
+			p.req.decision = "refused_budget"
 		default:
 			p.req.decision = "refused_tokens"
+		}
+		if st, ok := limitingQuota(d); ok {
+			p.req.budget = st.Name
+			return p.immediate(budgetRefusal(d, st, p.quotaCost(st.Unit, cost), p.currency()), send)
 		}
 		return p.immediate(refusal(d, cost), send)
 	}
@@ -313,16 +338,19 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 // that may wait takes a place in the policy's queue before it asks (S12);
 // it keeps it, until it calls leaveQueue, only if it is to wait.
 func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), err error) {
-	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority}
-	for _, r := range p.pol.Buckets {
-		req.Buckets = append(req.Buckets, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
-		})
-		p.req.hard = p.req.hard || r.Hard
+	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority, Lifetime: p.s.cfg.reservationLifetime()}
+	req.Buckets, req.Quotas = p.limits(false)
+	for _, b := range req.Buckets {
+		p.req.hard = p.req.hard || b.Hard
+	}
+	for _, q := range req.Quotas {
+		p.req.hard = p.req.hard || q.Hard
 	}
 	for _, r := range p.pol.Concurrency {
 		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
+	}
+	if p.pol.charges() {
+		req.Money, req.MoneyPerToken = p.maxMoney()
 	}
 	queue := p.s.queues[p.policy]
 	if p.pol.MaxWait > 0 && queue.enter() {
@@ -340,6 +368,33 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 		}
 	}
 	return d, leaveQueue, err
+}
+
+// limits are the buckets and quotas of the policy's chain for this
+// request's identities and model, keyed as keys.go describes: what a
+// request reserves and what Server.Usage shows. withoutModel leaves out
+// the rules kept per model (Usage without a model).
+func (p *processor) limits(withoutModel bool) ([]buckets.Bucket, []buckets.Quota) {
+	bs := make([]buckets.Bucket, 0, len(p.pol.Buckets))
+	for _, r := range p.pol.Buckets {
+		if withoutModel && r.Per == perModel {
+			continue
+		}
+		bs = append(bs, buckets.Bucket{
+			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
+			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
+		})
+	}
+	var qs []buckets.Quota
+	for _, r := range p.pol.Quotas {
+		if withoutModel && r.Per == perModel {
+			continue
+		}
+		qs = append(qs, buckets.Quota{
+			Name: r.Name, Key: p.key(r.Name, r.Per, false), Window: r.Window, Unit: r.Unit, Limit: r.Limit, Hard: r.Hard,
+		})
+	}
+	return bs, qs
 }
 
 // rewrite returns the request body with include_usage asked for (S15) and

@@ -49,6 +49,11 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 			set = append(set, headerOption(kv[0], kv[1]))
 		}
 	}
+	if st, ok := tightestQuota(p.req.quotas); ok {
+		for _, kv := range budgetHeaders(st, p.currency()) {
+			set = append(set, headerOption(kv[0], kv[1]))
+		}
+	}
 	if p.resp.status == 429 && p.st.res != nil {
 		if ra := p.providerPause(hdr[headerRetryAfter]); ra != "" {
 			set = append(set, headerOption(headerRetryAfter, ra))
@@ -353,7 +358,7 @@ func (p *processor) overBudget(n int) bool {
 // are sent. In FULL_DUPLEX_STREAMED they go in one streamed_response with
 // end_of_stream, which makes Envoy end the response and reset the upstream.
 // In STREAMED they replace this chunk and later chunks are cleared (the
-// upstream runs on; see README).
+// upstream runs on; see docs/envoy.md).
 func (p *processor) cutOff(send sendFunc) error {
 	p.resp.cut = true
 	delivered := provider.Usage{InputTokens: p.req.count.InputTokens, OutputTokens: p.resp.delivered}

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/tokengate/tokengate/buckets"
 )
 
 // Server is the ext_proc gRPC service. Each Process call (one per HTTP
@@ -185,8 +187,11 @@ func (s *Server) stop(p *processor) {
 
 // Shutdown stops taking new streams and waits for the open ones to end
 // until ctx is done; then it settles every reservation still open (as an
-// aborted request: what was counted so far) and returns ctx's error. Call it
-// before grpc.Server.GracefulStop, and Stop the gRPC server afterwards.
+// aborted request: what was counted so far). Last, when the store settles
+// asynchronously (buckets.AsyncSettler), it flushes every settlement still
+// queued, waiting up to SettleTimeout for them. It returns ctx's error when
+// streams were still open, or the flush's. Call it before
+// grpc.Server.GracefulStop, and Stop the gRPC server afterwards.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
@@ -196,21 +201,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.wg.Wait()
 		close(done)
 	}()
+	var err error
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
+		s.mu.Lock()
+		open := make([]*processor, 0, len(s.open))
+		for p := range s.open {
+			open = append(open, p)
+		}
+		s.mu.Unlock()
+		for _, p := range open {
+			p.abandon()
+		}
+		err = ctx.Err()
 	}
-	s.mu.Lock()
-	open := make([]*processor, 0, len(s.open))
-	for p := range s.open {
-		open = append(open, p)
+	if as, ok := s.cfg.Store.(buckets.AsyncSettler); ok {
+		fctx, cancel := context.WithTimeout(context.Background(), s.cfg.SettleTimeout)
+		defer cancel()
+		if ferr := as.Flush(fctx); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("settlements still queued: %w", ferr))
+		}
 	}
-	s.mu.Unlock()
-	for _, p := range open {
-		p.abandon()
-	}
-	return ctx.Err()
+	return err
 }
 
 // pausedUntil returns the latest provider pause this server has seen for

@@ -37,6 +37,27 @@ type parts struct {
 	closers  []func() error
 }
 
+// heartbeats announces this gateway to the fleet sharing the store
+// (store.fleet) until the returned function is called; that function takes
+// the gateway out of the fleet and returns once it has. Serve runs them for
+// as long as it serves, and stops them after the last settlement is
+// written. Without a fleet it does nothing.
+func (p *parts) heartbeats() (stop func()) {
+	if p.failover == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.failover.Heartbeats(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 func (p *parts) close() {
 	for i := len(p.closers) - 1; i >= 0; i-- {
 		_ = p.closers[i]()
@@ -55,19 +76,33 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	p := &parts{registry: prometheus.NewRegistry()}
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.metrics = metrics.New(p.registry)
-	store, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
+	primary, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
 	if err != nil {
 		return nil, err
 	}
 	if closeStore != nil {
 		p.closers = append(p.closers, closeStore)
 	}
-	store = p.metrics.Instrument(store)
+	var store buckets.Store = p.metrics.Instrument(primary)
 	if cfg.Store.Type != "memory" {
 		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback}
 		if cfg.Store.OnFailure == "open" {
 			opts.Mode = failover.Open
 			opts.Fallback = cfg.Store.Fallback.Limit()
+			if f := cfg.Store.Fleet; f != nil {
+				// The fleet is counted in the shared store itself; its
+				// heartbeats are not bucket operations, so they bypass
+				// the metrics wrapper.
+				fleet, ok := primary.(failover.Fleet)
+				if !ok {
+					p.close()
+					return nil, fmt.Errorf("store.fleet: the %s store cannot count a fleet", cfg.Store.Type)
+				}
+				opts.Fleet, opts.HeartbeatEvery, opts.OnShare = fleet, f.Heartbeat, p.metrics.Share
+				if f.Floor != nil {
+					opts.FallbackFloor = f.Floor.Limit()
+				}
+			}
 		}
 		p.failover = failover.New(store, opts)
 		store = p.failover
@@ -118,8 +153,14 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 		PolicyMetadataKey: cfg.PolicyMetadataKey,
 		Store:             store,
 		Counter:           counter,
+		Prices:            cfg.Prices(),
 		Namespace:         cfg.Namespace,
 		MaxBodyBytes:      cfg.Listeners.MaxRecvMsgBytes,
+		MaxStreams:        cfg.Listeners.MaxStreams,
+		StreamIdleTimeout: cfg.Listeners.StreamIdleTimeout,
+		MaxEventBytes:     cfg.Listeners.MaxEventBytes,
+		UsageMargin:       *cfg.UsageBound.Margin,
+		UsageSlack:        *cfg.UsageBound.Slack,
 		Logger:            logger,
 	}
 	policies, err := policies(cfg)
@@ -162,6 +203,13 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 		}
 		for _, c := range cp.Concurrency {
 			p.Concurrency = append(p.Concurrency, extproc.ConcurrencyRule{Name: c.Name, Per: c.Per, Max: c.Max, Lease: c.Lease})
+		}
+		for j, q := range cp.Quotas {
+			w, unit, limit, err := q.Budget()
+			if err != nil {
+				return nil, fmt.Errorf("policies[%d].quotas[%d]: %w", i, j, err)
+			}
+			p.Quotas = append(p.Quotas, extproc.QuotaRule{Name: q.Name, Per: q.Per, Window: w, Unit: unit, Limit: limit, Hard: q.Hard})
 		}
 		out = append(out, p)
 	}

@@ -129,6 +129,9 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 	}()
 	logger.Info("listening", "grpc", ls.grpc.Addr().String(), "grpc_transport", sec.mode,
 		"admin", ls.admin.Addr().String(), "admin_tls", sec.admin != nil)
+	// The gateway counts in the fleet (store.fleet) while it serves, and
+	// until its last settlement is written.
+	stopHeartbeats := parts.heartbeats()
 
 	var serveErr error
 	select {
@@ -144,6 +147,8 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 	defer cancel()
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
+	// Shutdown settles the streams still open at the deadline and writes
+	// every settlement the store still queues.
 	if err := parts.server.Shutdown(sctx); err != nil {
 		logger.Warn("shutdown: streams still open at the deadline were settled", "err", err)
 	}
@@ -153,6 +158,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 		gs.Stop()
 		<-stopped
 	}
+	stopHeartbeats()
 	actx, acancel := context.WithTimeout(context.Background(), time.Second)
 	defer acancel()
 	_ = admin.Shutdown(actx)
