@@ -53,14 +53,15 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 	if err := json.Unmarshal(r.Body, &body); err != nil {
 		return tokenizer.Count{}, fmt.Errorf("%w: %v", tokenizer.ErrMalformed, err)
 	}
-	c := tokenizer.Count{Model: body.Model, Encoding: "o200k_base", Exact: true, InputTokens: f.input, Stream: body.Stream}
+	c := tokenizer.Count{Model: body.Model, Encoding: "o200k_base", Exact: true, InputTokens: f.input, Stream: body.Stream,
+		ModelKey: strings.ToLower(body.Model), Choices: 1, CapFloor: 1}
 	switch {
 	case strings.HasSuffix(r.Path, "/chat/completions"):
-		c.API = tokenizer.ChatCompletions
+		c.API, c.AddCapField = tokenizer.ChatCompletions, "max_completion_tokens"
 	case strings.HasSuffix(r.Path, "/completions"):
-		c.API = tokenizer.Completions
+		c.API, c.AddCapField = tokenizer.Completions, "max_tokens"
 	case strings.HasSuffix(r.Path, "/messages"):
-		c.API = tokenizer.Messages
+		c.API, c.AddCapField = tokenizer.Messages, "max_tokens"
 	default:
 		return tokenizer.Count{}, fmt.Errorf("%w: path %q", tokenizer.ErrUnknownAPI, r.Path)
 	}
@@ -70,14 +71,16 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 			return tokenizer.Count{}, fmt.Errorf("%w: %d", tokenizer.ErrInvalidCap, *body.MaxTokens)
 		}
 		c.OutputCap, c.OutputAllowance, c.AllowanceSource = *body.MaxTokens, *body.MaxTokens, tokenizer.FromRequest
+		c.CapFields = []string{"max_tokens"}
 	}
+	c.ChoiceAllowance = c.OutputAllowance
 	c.IncludeUsage = body.StreamOptions != nil && body.StreamOptions.IncludeUsage
 	return c, nil
 }
 
 func (f *fakeCounter) NewLive(string) liveCounter { return &deltaCount{} }
 
-func (f *fakeCounter) Observe(_, _ string, n int) {
+func (f *fakeCounter) Observe(_ string, _ tokenizer.Count, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.observed = append(f.observed, n)

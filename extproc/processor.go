@@ -312,7 +312,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		clamp = p.allowance
 	}
 	if canRewrite && (inject || clamp > 0) {
-		nb, err := rewriteBody(c.API, p.reqBody, inject, clamp)
+		nb, err := rewriteBody(c, p.reqBody, inject, clamp)
 		if err != nil {
 			p.logAt(slog.LevelWarn, "request forwarded unchanged", "err", err)
 		} else {

@@ -472,7 +472,7 @@ func (p *processor) settle() {
 			out = p.usage.OutputTokens
 		}
 		if p.usageOK || p.sse {
-			p.s.cfg.counter.Observe(p.policy, p.count.Model, out)
+			p.s.cfg.counter.Observe(p.policy, p.count, out)
 		}
 	}
 }

@@ -167,9 +167,9 @@ func TestCountErrors(t *testing.T) {
 		{"bad api", []string{"--api", "soap", "-"}, "{}", `--api "soap"`},
 		{"malformed json", []string{"-"}, `{"model":`, "malformed request body"},
 		{"unknown shape", []string{"-"}, `{"model":"gpt-4o"}`, "unknown API shape"},
-		{"unknown model", []string{"-"}, `{"model":"mystery-1","messages":[]}`, `unknown model and no fallback encoding configured: "mystery-1"`},
-		{"negative cap", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":-5}`, "max_tokens is -5"},
-		{"absurd cap", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":1e12}`, "max_tokens is 1e12, want a whole number"},
+		{"unknown model", []string{"-"}, `{"model":"mystery-1","messages":[]}`, "unknown model and no fallback encoding configured: the model named by model at byte 9"},
+		{"negative cap", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":-5}`, "max_tokens: want a whole number from 1 to 1048576, got a number below 1 at byte 45"},
+		{"absurd cap", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":1e12}`, "max_tokens: want a whole number from 1 to 1048576, got a number with a fraction or an exponent at byte 45"},
 		{"bad fallback", []string{"--fallback-encoding", "p50k", "-"}, `{}`, `fallback encoding "p50k"`},
 		{"unknown flag", []string{"--frobnicate", "-"}, `{}`, "flag provided but not defined"},
 	}
