@@ -19,7 +19,7 @@ import (
 //     parse bodies with Python's json, JavaScript's JSON.parse or a protobuf
 //     JSON parser, all case-sensitive; encoding/json (and sonic, which
 //     follows it) fold case, so `"Max_Tokens":10` beside `"max_tokens":90000`
-//     used to reserve 10 tokens while the provider honoured 90000.
+//     would reserve 10 tokens where the provider honours 90000.
 //   - The last of duplicate keys wins, whole: a repeated object or array
 //     replaces the earlier one instead of being merged into it.
 //   - Errors name the kind of fault and its byte offset, never the text
@@ -86,17 +86,6 @@ func (d *doc) release() {
 func (d *doc) root() jval {
 	c := 0
 	return d.child(skipSpace(d.src, 0), &c)
-}
-
-// validate reports the first fault in src as a *syntaxError, or nil when
-// src is one JSON value surrounded by optional whitespace.
-func validate(src []byte) error {
-	d, err := parseDoc(src)
-	if err != nil {
-		return err
-	}
-	d.release()
-	return nil
 }
 
 func (d *doc) eof() error { return &syntaxError{len(d.src), "unexpected end of input"} }

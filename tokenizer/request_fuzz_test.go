@@ -354,6 +354,17 @@ func FuzzCountExactKeys(f *testing.F) {
 	})
 }
 
+// validate reports the first fault in src as a *syntaxError, or nil when
+// src is one JSON value surrounded by optional whitespace.
+func validate(src []byte) error {
+	d, err := parseDoc(src)
+	if err != nil {
+		return err
+	}
+	d.release()
+	return nil
+}
+
 // FuzzValidate checks the JSON validator against encoding/json on any
 // input, including the offset of the first fault where encoding/json
 // reports one.
