@@ -202,7 +202,7 @@ func apiFromBody(b *body) (api API, embed bool, err error) {
 	case b.Prompt.present():
 		return Completions, false, nil
 	case b.Input.present():
-		if b.Instructions.present() || b.MaxOutputTokens.present() || b.Tools.kind() != 0 || b.PreviousResponseID.present() {
+		if b.Instructions.present() || b.MaxOutputTokens.present() || b.Tools.present() || b.PreviousResponseID.present() {
 			return Responses, false, nil
 		}
 		if b.EncodingFormat.present() || b.Dimensions.present() || strings.HasPrefix(model, "text-embedding") {
