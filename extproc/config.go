@@ -392,7 +392,7 @@ type tokenCounter interface {
 	Count(req tokenizer.Request) (tokenizer.Count, error)
 	// NewLive returns a live output counter for a response in encoding.
 	NewLive(encoding string) liveCounter
-	Observe(policy, model string, completionTokens int)
+	Observe(policy string, c tokenizer.Count, outputTokens int)
 }
 
 // stopper stops a timer; *time.Timer is one.

@@ -55,14 +55,15 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 	if err := json.Unmarshal(r.Body, &body); err != nil {
 		return tokenizer.Count{}, fmt.Errorf("%w: %v", tokenizer.ErrMalformed, err)
 	}
-	c := tokenizer.Count{Model: body.Model, Encoding: "o200k_base", Exact: true, InputTokens: f.input, Stream: body.Stream}
+	c := tokenizer.Count{Model: body.Model, Encoding: "o200k_base", Exact: true, InputTokens: f.input, Stream: body.Stream,
+		ModelKey: strings.ToLower(body.Model), Choices: 1, CapFloor: 1}
 	switch {
 	case strings.HasSuffix(r.Path, "/chat/completions"):
-		c.API = tokenizer.ChatCompletions
+		c.API, c.AddCapField = tokenizer.ChatCompletions, "max_completion_tokens"
 	case strings.HasSuffix(r.Path, "/completions"):
-		c.API = tokenizer.Completions
+		c.API, c.AddCapField = tokenizer.Completions, "max_tokens"
 	case strings.HasSuffix(r.Path, "/messages"):
-		c.API = tokenizer.Messages
+		c.API, c.AddCapField = tokenizer.Messages, "max_tokens"
 	case strings.HasSuffix(r.Path, ":streamGenerateContent?alt=sse"):
 		c.API = tokenizer.Gemini
 	default:
@@ -74,7 +75,9 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 			return tokenizer.Count{}, fmt.Errorf("%w: %d", tokenizer.ErrInvalidCap, *body.MaxTokens)
 		}
 		c.OutputCap, c.OutputAllowance, c.AllowanceSource = *body.MaxTokens, *body.MaxTokens, tokenizer.FromRequest
+		c.CapFields = []string{"max_tokens"}
 	}
+	c.ChoiceAllowance = c.OutputAllowance
 	if body.N > 1 {
 		c.Choices = body.N
 		c.OutputAllowance *= body.N
@@ -85,10 +88,10 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 
 func (f *fakeCounter) NewLive(string) liveCounter { return &deltaCount{} }
 
-func (f *fakeCounter) Observe(_, _ string, n int) {
+func (f *fakeCounter) Observe(_ string, c tokenizer.Count, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.observed = append(f.observed, n)
+	f.observed = append(f.observed, n/max(1, c.Choices)) // as the estimator learns it
 }
 
 // deltaCount counts one token per non-empty delta.

@@ -72,6 +72,7 @@ type request struct {
 	count     tokenizer.Count
 	allowance int // output tokens reserved
 	injected  bool
+	capAdded  bool // clamp_output wrote a cap into a body that had none
 	hard      bool
 	states    []buckets.BucketState
 	quotas    []buckets.QuotaState
@@ -405,19 +406,23 @@ func (p *processor) rewrite(canRewrite bool) []byte {
 	inject := p.pol.InjectUsage && c.Stream && !c.IncludeUsage &&
 		(c.API == tokenizer.ChatCompletions || c.API == tokenizer.Completions)
 	clamp := 0
-	if p.pol.ClampOutput && c.API != tokenizer.Embeddings {
+	if p.pol.ClampOutput && !c.Embedding {
 		clamp = p.req.allowance
 	}
 	if !canRewrite || !inject && clamp == 0 {
 		return nil
 	}
-	body, err := rewriteBody(c.API, p.req.body, inject, clamp)
+	body, err := rewriteBody(c, p.req.body, inject, clamp)
 	if err != nil {
 		p.logAt(slog.LevelWarn, "request body not rewritten: forwarded unchanged")
 		p.logAt(slog.LevelDebug, "request body not rewritten", "err", err)
 		return nil
 	}
 	p.req.injected = inject
+	// A cap written into a request that carried none stops the model at
+	// tokengate's own allowance: such an answer says nothing about how long
+	// uncapped answers are (see learn).
+	p.req.capAdded = clamp > 0 && len(c.CapFields) == 0
 	return body
 }
 

@@ -141,8 +141,7 @@ func (p *processor) settle() {
 }
 
 // learn feeds the output of a complete answer back to the learned estimate
-// (S7), per choice: the estimate is multiplied by the choices of the
-// request that uses it.
+// (S7); the estimator divides it among the request's choices.
 func (p *processor) learn() {
 	if p.st.outcome != "complete" || p.resp.status != 200 || p.req.count.Model == "" {
 		return
@@ -156,7 +155,10 @@ func (p *processor) learn() {
 	case !p.resp.sse:
 		return // no usage, nothing counted: nothing learned
 	}
-	p.s.cfg.counter.Observe(p.policy, p.req.count.Model, out/max(1, p.req.count.Choices))
+	if p.req.capAdded && out >= p.req.allowance {
+		return // stopped by the cap clamp_output added, not by the model
+	}
+	p.s.cfg.counter.Observe(p.policy, p.req.count, out)
 }
 
 // settleStore hands the settlement to the store; st.mu is held. A store

@@ -85,7 +85,6 @@ func New(opts Options) (*Counter, error) {
 		return nil, err
 	}
 	initClasses()
-	pretouch()
 	return &Counter{opts: opts, est: est, workers: make(chan *worker, 2*runtime.GOMAXPROCS(0))}, nil
 }
 
