@@ -134,7 +134,7 @@ func bigChat(n int) []byte {
 // end_of_stream on the last only, or followed by the trailers answer.
 func TestDuplexRequestWithheld(t *testing.T) {
 	body := bigChat(150_000)
-	want, err := rewriteBody(tokenizer.ChatCompletions, body, true, 0)
+	want, err := rewriteBody(tokenizer.Count{API: tokenizer.ChatCompletions}, body, true, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
