@@ -413,9 +413,14 @@ func (p *processor) rewrite(canRewrite bool) []byte {
 
 // uncounted decides what becomes of a request the tokenizer cannot count:
 // pass it unmetered, or charge it flat (flat > 0); neither means refuse it.
-// An endpoint no API matches follows the policy's UnknownEndpoints (S22);
-// everything else that cannot be counted is refused (S23).
+// An endpoint that generates nothing (count_tokens, moderations, stored
+// completions: tokenizer.Classify's Free) passes unmetered; one no API
+// matches follows the policy's UnknownEndpoints (S22); everything else that
+// cannot be counted is refused (S23).
 func (p *processor) uncounted(err error) (flat int, pass bool) {
+	if errors.Is(err, tokenizer.ErrFreeEndpoint) {
+		return 0, true
+	}
 	if !errors.Is(err, tokenizer.ErrUnknownAPI) {
 		return 0, false
 	}
@@ -488,7 +493,7 @@ func (p *processor) key(rule, per string, provider bool) string {
 }
 
 // modelKey is the model that per-model buckets are keyed by.
-func (p *processor) modelKey() string { return p.req.count.Model }
+func (p *processor) modelKey() string { return p.req.count.ModelKey }
 
 func (p *processor) immediate(r reply, send sendFunc) error {
 	p.done = true

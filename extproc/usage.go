@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // ErrUnknownPolicy is wrapped by Usage's error for a policy the
@@ -59,7 +60,7 @@ func (s *Server) Usage(ctx context.Context, policy string, identities map[string
 			p.req.ids[id.Name] = anonymousPart
 		}
 	}
-	p.req.count.Model = model
+	p.req.count.Model, p.req.count.ModelKey = model, tokenizer.ModelKey(model)
 	bs, qs := p.limits(model == "")
 	states, quotas, err := in.Inspect(ctx, bs, qs)
 	if err != nil {
