@@ -36,6 +36,8 @@ type Config struct {
 	// ShutdownGrace bounds how long in-flight streams may run after a stop
 	// signal before they are settled and closed.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// Admin configures the admin API on listeners.admin (limits and usage).
+	Admin Admin `yaml:"admin"`
 }
 
 // Listeners are the addresses tokengate listens on.
@@ -157,6 +159,12 @@ type Policy struct {
 	UnknownEndpoints string `yaml:"unknown_endpoints"`
 	// UnknownEndpointTokens is the flat cost with unknown_endpoints: charge.
 	UnknownEndpointTokens int `yaml:"unknown_endpoint_tokens"`
+	// Tier says where a request's tier is found (a header or a claim);
+	// Tiers are the limits each tier gets (see overrides.go).
+	Tier  *TierSource `yaml:"tier"`
+	Tiers []Tier      `yaml:"tiers"`
+	// Overrides give single identities limits of their own.
+	Overrides []Override `yaml:"overrides"`
 }
 
 // Identity says where one identity of a request is found (S9a): a header set
