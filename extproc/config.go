@@ -168,6 +168,13 @@ type Policy struct {
 	// UnknownEndpointTokens is the flat cost of a request under
 	// UnknownEndpoints "charge".
 	UnknownEndpointTokens int
+	// Tier says where a request's tier is found (its Name is unused);
+	// nil means requests have none. Tiers maps a tier value to the limits
+	// it gives rules, by rule name: a request of that tier gets them
+	// unless its identity has an override (Server.SetOverrides). Package
+	// config allows tier limits only for rules keyed by an identity.
+	Tier  *Identity
+	Tiers map[string]map[string]Override
 }
 
 // Identity says where one identity of a request is found (S9a): a request
@@ -283,17 +290,6 @@ func (c *Config) normalize() error {
 			errs = append(errs, errors.New("Counter is required"))
 		} else {
 			c.counter = tokenizerCounter{c.Counter}
-		}
-	}
-	for i := range c.Policies {
-		p := &c.Policies[i]
-		if p.Anonymous == "" {
-			p.Anonymous = anonymousShared
-		}
-		for j := range p.Concurrency {
-			if p.Concurrency[j].Lease == 0 {
-				p.Concurrency[j].Lease = 10 * time.Minute
-			}
 		}
 	}
 	return errors.Join(errs...)
