@@ -36,8 +36,9 @@ type Config struct {
 	// ShutdownGrace bounds how long in-flight streams may run after a stop
 	// signal before they are settled and closed.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
-	// Admin configures the admin API on listeners.admin (limits and usage).
-	Admin Admin `yaml:"admin"`
+	// AdminAPI configures the admin API on listeners.admin (limits and
+	// usage).
+	AdminAPI AdminAPI `yaml:"admin_api"`
 }
 
 // Listeners are the addresses tokengate listens on.

@@ -80,9 +80,9 @@ type RuleLimits struct {
 	Limits `yaml:",inline"`
 }
 
-// Admin configures the admin API that listeners.admin serves besides
+// AdminAPI configures the admin API that listeners.admin serves besides
 // /metrics and the health endpoints: /v1/limits and /v1/usage.
-type Admin struct {
+type AdminAPI struct {
 	// TokenEnv names the environment variable holding the bearer token the
 	// admin API requires. Empty disables the admin API.
 	TokenEnv string `yaml:"token_env"`
@@ -377,8 +377,8 @@ func (v *validator) overridable(path string, p *Policy, rule string) bool {
 // envNameRE is an environment variable name.
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-func (v *validator) validateAdmin(a *Admin) {
+func (v *validator) validateAdminAPI(a *AdminAPI) {
 	if a.TokenEnv != "" && !envNameRE.MatchString(a.TokenEnv) {
-		v.add("admin.token_env", "%q is not an environment variable name (letters, digits and '_', not starting with a digit)", a.TokenEnv)
+		v.add("admin_api.token_env", "%q is not an environment variable name (letters, digits and '_', not starting with a digit)", a.TokenEnv)
 	}
 }

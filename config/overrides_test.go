@@ -153,11 +153,11 @@ func TestNeedsRestart(t *testing.T) {
 	if got := old.NeedsRestart(same); len(got) != 0 {
 		t.Errorf("a policy change needs a restart of %v", got)
 	}
-	moved, err := Parse("c.yaml", []byte("listeners: {admin: 127.0.0.1:9999}\nstore: {type: memory, on_failure: closed}\nadmin: {token_env: T}\n"+overridesYAML))
+	moved, err := Parse("c.yaml", []byte("listeners: {admin: 127.0.0.1:9999}\nstore: {type: memory, on_failure: closed}\nadmin_api: {token_env: T}\n"+overridesYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff([]string{"listeners", "admin"}, old.NeedsRestart(moved)); d != "" {
+	if d := cmp.Diff([]string{"listeners", "admin_api"}, old.NeedsRestart(moved)); d != "" {
 		t.Errorf("NeedsRestart (-want +got):\n%s", d)
 	}
 }

@@ -216,7 +216,7 @@ func (v *validator) validate(c *Config) {
 	v.validateListeners(&c.Listeners)
 	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
-	v.validateAdmin(&c.Admin)
+	v.validateAdminAPI(&c.AdminAPI)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)
 	}
