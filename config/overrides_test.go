@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
@@ -160,4 +161,30 @@ func TestNeedsRestart(t *testing.T) {
 	if d := cmp.Diff([]string{"listeners", "admin_api"}, old.NeedsRestart(moved)); d != "" {
 		t.Errorf("NeedsRestart (-want +got):\n%s", d)
 	}
+}
+
+// DecodeLimits never panics, answers either limits or problems, and what
+// it accepts survives a round trip through its JSON form.
+func FuzzDecodeLimits(f *testing.F) {
+	for _, s := range []string{`{"tokens_per_minute":2000000,"burst":100}`, `{"max":8}`, `{}`, `{"max":1.5}`, `[1]`, `{"tpm":1}`, `{"max":8} {"max":9}`, `{"burst":1e400}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l, err := DecodeLimits(data)
+		if err != nil {
+			var ps Problems
+			if !errors.As(err, &ps) || len(ps) == 0 || ps.Error() == "" {
+				t.Fatalf("error %v is not Problems", err)
+			}
+			return
+		}
+		round, err := json.Marshal(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := DecodeLimits(round)
+		if err != nil || again != l {
+			t.Fatalf("%s → %+v → %s → %+v, %v", data, l, round, again, err)
+		}
+	})
 }
