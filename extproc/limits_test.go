@@ -140,7 +140,8 @@ func TestChain(t *testing.T) {
 
 // Reload applies to requests that start afterwards; a stream in flight
 // keeps the reservation it took under the old limits and settles it once.
-// The bucket is the same key, so its level carries over.
+// The bucket is the same key (keys name no limit), so its level carries
+// over.
 func TestReloadKeepsStreamsInFlight(t *testing.T) {
 	hold := make(chan struct{})
 	handler := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -206,12 +207,15 @@ func TestReloadKeepsStreamsInFlight(t *testing.T) {
 	}
 
 	v2 := v1
-	v2.Buckets = []BucketRule{{Name: "user", Per: "user", Limit: buckets.Limit{Capacity: 400, Rate: 1e-9}}}
+	v2.Buckets = []BucketRule{{Name: "user", Per: "user", Limit: buckets.Limit{Capacity: 2000, Rate: 1e-9}}}
 	r.srv.Reload([]Policy{v2}, "p")
 
+	// alice's bucket keeps its level: 1000 less the held stream's 110,
+	// less this request's 110; a fresh one would have 1890 left.
 	resp, got := r.post(t, chatPath, body, map[string]string{"x-user": "alice"})
-	if resp.StatusCode != 200 || resp.Header.Get(headerLimit) != "400" {
-		t.Fatalf("after the reload: %d limit %q %s, want 200 with limit 400", resp.StatusCode, resp.Header.Get(headerLimit), got)
+	if resp.StatusCode != 200 || resp.Header.Get(headerLimit) != "2000" || resp.Header.Get(headerRemaining) != "780" {
+		t.Fatalf("after the reload: %d, limit %q, remaining %q %s; want 200, 2000, 780", resp.StatusCode,
+			resp.Header.Get(headerLimit), resp.Header.Get(headerRemaining), got)
 	}
 	after := r.outcome(t)
 
