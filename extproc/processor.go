@@ -45,6 +45,7 @@ type processor struct {
 	ctx    context.Context
 	pol    *Policy
 	policy string
+	queue  *waitQueue // the policy's requests waiting for tokens (S12)
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	send              sendFunc
@@ -64,6 +65,7 @@ type request struct {
 	path      string
 	priority  bool
 	ids       map[string]string // identity name → its part of store keys (keys.go)
+	tier      string            // the request's tier (Policy.Tier), "" for none
 	body      []byte
 	decided   bool
 	count     tokenizer.Count
@@ -132,9 +134,8 @@ type settlement struct {
 	output    atomic.Int64
 }
 
-func newProcessor(ctx context.Context, s *Server, policy string) *processor {
-	p := &processor{s: s, ctx: ctx, policy: policy, pol: s.policies[policy]}
-	return p
+func newProcessor(ctx context.Context, s *Server, set *policySet, policy string) *processor {
+	return &processor{s: s, ctx: ctx, policy: policy, pol: set.byName[policy], queue: set.queues[policy]}
 }
 
 func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) error {
@@ -204,6 +205,10 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 		default:
 			p.req.ids[id.Name] = anonymousPart
 		}
+	}
+	if err := p.readTier(h.GetHeaders(), hdr, md); err != nil {
+		p.req.decision = "bad_request"
+		return p.immediate(duplicateIdentity("tier"), send)
 	}
 	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{"accept-encoding"}}
 	if h.GetEndOfStream() {
@@ -333,12 +338,12 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 		p.req.hard = p.req.hard || q.Hard
 	}
 	for _, r := range p.pol.Concurrency {
-		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
+		req.Slots = append(req.Slots, p.slot(r))
 	}
 	if p.pol.charges() {
 		req.Money, req.MoneyPerToken = p.maxMoney()
 	}
-	queue := p.s.queues[p.policy]
+	queue := p.queue
 	if p.pol.MaxWait > 0 && queue.enter() {
 		req.MaxWait = p.pol.MaxWait
 	}
@@ -366,10 +371,7 @@ func (p *processor) limits(withoutModel bool) ([]buckets.Bucket, []buckets.Quota
 		if withoutModel && r.Per == perModel {
 			continue
 		}
-		bs = append(bs, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
-		})
+		bs = append(bs, p.bucket(r))
 	}
 	var qs []buckets.Quota
 	for _, r := range p.pol.Quotas {
@@ -476,20 +478,24 @@ func (p *processor) key(rule, per string, provider bool) string {
 	if provider {
 		scope = sharedScope
 	}
+	return bucketKey(scope, rule, p.keyPart(per))
+}
+
+// keyPart is the identity part of the store keys of rules keyed by per.
+func (p *processor) keyPart(per string) string {
 	switch per {
 	case "":
-		return bucketKey(scope, rule, globalPart)
+		return globalPart
 	case perModel:
 		if m := p.modelKey(); m != "" {
-			return bucketKey(scope, rule, identityPart(m))
+			return identityPart(m)
 		}
-		return bucketKey(scope, rule, noModelPart)
+		return noModelPart
 	}
-	v := p.req.ids[per]
-	if v == "" { // request headers were not sent to the server
-		v = anonymousPart
+	if v := p.req.ids[per]; v != "" {
+		return v
 	}
-	return bucketKey(scope, rule, v)
+	return anonymousPart // request headers were not sent to the server
 }
 
 // modelKey is the model that per-model buckets are keyed by.

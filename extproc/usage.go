@@ -36,7 +36,8 @@ type Usage struct {
 // an empty model they are left out. Shared buckets (global, provider) are
 // included: they limit this identity too.
 func (s *Server) Usage(ctx context.Context, policy string, identities map[string]string, model string) (Usage, error) {
-	pol := s.policies[policy]
+	set := s.live.Load()
+	pol := set.byName[policy]
 	if pol == nil {
 		return Usage{}, fmt.Errorf("%w %q", ErrUnknownPolicy, policy)
 	}
@@ -44,7 +45,7 @@ func (s *Server) Usage(ctx context.Context, policy string, identities map[string
 	if !ok {
 		return Usage{}, fmt.Errorf("usage: the bucket store cannot be inspected: %w", errors.ErrUnsupported)
 	}
-	p := newProcessor(ctx, s, policy)
+	p := newProcessor(ctx, s, set, policy)
 	p.req.ids = make(map[string]string, len(pol.Identities))
 	for _, id := range pol.Identities {
 		// The value as a request would carry it in a header: the same
