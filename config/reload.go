@@ -18,6 +18,9 @@ func (c *Config) NeedsRestart(n *Config) []string {
 	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
 	var keys []string
 	for i := range va.NumField() {
+		if !va.Type().Field(i).IsExported() {
+			continue // derived from the exported fields (the price table)
+		}
 		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
 			name, _, _ := strings.Cut(va.Type().Field(i).Tag.Get("yaml"), ",")
 			keys = append(keys, name)
