@@ -49,6 +49,9 @@ type Config struct {
 
 	// UsageBound bounds the usage a provider may report for a request.
 	UsageBound UsageBound `yaml:"usage_bound"`
+	// AdminAPI configures the admin API on listeners.admin (limits and
+	// usage).
+	AdminAPI AdminAPI `yaml:"admin_api"`
 }
 
 // UsageBound is what usage a provider may report before tokengate charges
@@ -199,6 +202,12 @@ type Policy struct {
 	UnknownEndpointTokens int `yaml:"unknown_endpoint_tokens"`
 	// Quotas are budgets over calendar windows, charged with the buckets.
 	Quotas []Quota `yaml:"quotas"`
+	// Tier says where a request's tier is found (a header or a claim);
+	// Tiers are the limits each tier gets (see overrides.go).
+	Tier  *TierSource `yaml:"tier"`
+	Tiers []Tier      `yaml:"tiers"`
+	// Overrides give single identities limits of their own.
+	Overrides []Override `yaml:"overrides"`
 }
 
 // Quota is a budget per calendar window: a day, an ISO week or a month in a

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"reflect"
@@ -162,8 +163,11 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 	m := make(map[string]reflect.Type, t.NumField())
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if name != "" && name != "-" && f.IsExported() {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case opts == "inline" && f.Type.Kind() == reflect.Struct:
+			maps.Copy(m, yamlFields(f.Type))
+		case name != "" && name != "-" && f.IsExported():
 			m[name] = f.Type
 		}
 	}
@@ -214,6 +218,7 @@ func (v *validator) validate(c *Config) {
 	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
 	v.validateUsageBound(&c.UsageBound)
+	v.validateAdminAPI(&c.AdminAPI)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)
 	}
@@ -533,6 +538,8 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 	default:
 		v.add(join(path, "unknown_endpoints"), "must be refuse, pass or charge, got %q", p.UnknownEndpoints)
 	}
+	v.validateTiers(path, p)
+	v.validateOverrides(path, p)
 }
 
 // validateSharedProviders checks that provider buckets of the same name agree

@@ -203,6 +203,13 @@ type Policy struct {
 	// Quotas are budgets over calendar windows, reserved and settled with
 	// the buckets, all or none.
 	Quotas []QuotaRule
+	// Tier says where a request's tier is found (its Name is unused);
+	// nil means requests have none. Tiers maps a tier value to the limits
+	// it gives rules, by rule name: a request of that tier gets them
+	// unless its identity has an override (Server.SetOverrides). Package
+	// config allows tier limits only for rules keyed by an identity.
+	Tier  *Identity
+	Tiers map[string]map[string]Override
 }
 
 // QuotaRule is one quota of a policy (see buckets.Quota): a budget per
@@ -348,17 +355,8 @@ func (c *Config) normalize() error {
 		}
 	}
 	for i := range c.Policies {
-		p := &c.Policies[i]
-		if p.charges() && c.Prices == nil {
+		if p := &c.Policies[i]; p.charges() && c.Prices == nil {
 			errs = append(errs, errors.New("Prices is required: policy "+p.Name+" has a quota of money"))
-		}
-		if p.Anonymous == "" {
-			p.Anonymous = anonymousShared
-		}
-		for j := range p.Concurrency {
-			if p.Concurrency[j].Lease == 0 {
-				p.Concurrency[j].Lease = 10 * time.Minute
-			}
 		}
 	}
 	return errors.Join(errs...)

@@ -45,6 +45,7 @@ type processor struct {
 	ctx    context.Context
 	pol    *Policy
 	policy string
+	queue  *waitQueue // the policy's requests waiting for tokens (S12)
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	send              sendFunc
@@ -64,6 +65,7 @@ type request struct {
 	path      string
 	priority  bool
 	ids       map[string]string // identity name → its part of store keys (keys.go)
+	tier      string            // the request's tier (Policy.Tier), "" for none
 	body      []byte            // the request body gathered so far (keepChunk)
 	size      int               // bytes of the body received
 	sizeHint  int               // the body's content-length, 0 when unknown
@@ -135,9 +137,8 @@ type settlement struct {
 	output    atomic.Int64
 }
 
-func newProcessor(ctx context.Context, s *Server, policy string) *processor {
-	p := &processor{s: s, ctx: ctx, policy: policy, pol: s.policies[policy]}
-	return p
+func newProcessor(ctx context.Context, s *Server, set *policySet, policy string) *processor {
+	return &processor{s: s, ctx: ctx, policy: policy, pol: set.byName[policy], queue: set.queues[policy]}
 }
 
 func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) error {
@@ -207,6 +208,10 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 		default:
 			p.req.ids[id.Name] = anonymousPart
 		}
+	}
+	if err := p.readTier(h.GetHeaders(), hdr, md); err != nil {
+		p.req.decision = "bad_request"
+		return p.immediate(duplicateIdentity("tier"), send)
 	}
 	if n, err := strconv.ParseInt(hdr["content-length"], 10, 64); err == nil && n > int64(p.s.cfg.MaxBodyBytes) {
 		// Refused before a byte of the body is read, in every mode.
@@ -348,12 +353,12 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 		p.req.hard = p.req.hard || q.Hard
 	}
 	for _, r := range p.pol.Concurrency {
-		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
+		req.Slots = append(req.Slots, p.slot(r))
 	}
 	if p.pol.charges() {
 		req.Money, req.MoneyPerToken = p.maxMoney()
 	}
-	queue := p.s.queues[p.policy]
+	queue := p.queue
 	if p.pol.MaxWait > 0 && queue.enter() {
 		req.MaxWait = p.pol.MaxWait
 	}
@@ -381,10 +386,7 @@ func (p *processor) limits(withoutModel bool) ([]buckets.Bucket, []buckets.Quota
 		if withoutModel && r.Per == perModel {
 			continue
 		}
-		bs = append(bs, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom,
-		})
+		bs = append(bs, p.bucket(r))
 	}
 	var qs []buckets.Quota
 	for _, r := range p.pol.Quotas {
@@ -428,9 +430,14 @@ func (p *processor) rewrite(canRewrite bool) []byte {
 
 // uncounted decides what becomes of a request the tokenizer cannot count:
 // pass it unmetered, or charge it flat (flat > 0); neither means refuse it.
-// An endpoint no API matches follows the policy's UnknownEndpoints (S22);
-// everything else that cannot be counted is refused (S23).
+// An endpoint that generates nothing (count_tokens, moderations, stored
+// completions: tokenizer.Classify's Free) passes unmetered; one no API
+// matches follows the policy's UnknownEndpoints (S22); everything else that
+// cannot be counted is refused (S23).
 func (p *processor) uncounted(err error) (flat int, pass bool) {
+	if errors.Is(err, tokenizer.ErrFreeEndpoint) {
+		return 0, true
+	}
 	if !errors.Is(err, tokenizer.ErrUnknownAPI) {
 		return 0, false
 	}
@@ -486,24 +493,28 @@ func (p *processor) key(rule, per string, provider bool) string {
 	if provider {
 		scope = sharedScope
 	}
+	return bucketKey(scope, rule, p.keyPart(per))
+}
+
+// keyPart is the identity part of the store keys of rules keyed by per.
+func (p *processor) keyPart(per string) string {
 	switch per {
 	case "":
-		return bucketKey(scope, rule, globalPart)
+		return globalPart
 	case perModel:
 		if m := p.modelKey(); m != "" {
-			return bucketKey(scope, rule, identityPart(m))
+			return identityPart(m)
 		}
-		return bucketKey(scope, rule, noModelPart)
+		return noModelPart
 	}
-	v := p.req.ids[per]
-	if v == "" { // request headers were not sent to the server
-		v = anonymousPart
+	if v := p.req.ids[per]; v != "" {
+		return v
 	}
-	return bucketKey(scope, rule, v)
+	return anonymousPart // request headers were not sent to the server
 }
 
 // modelKey is the model that per-model buckets are keyed by.
-func (p *processor) modelKey() string { return p.req.count.Model }
+func (p *processor) modelKey() string { return p.req.count.ModelKey }
 
 func (p *processor) immediate(r reply, send sendFunc) error {
 	p.done = true

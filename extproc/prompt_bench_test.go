@@ -68,7 +68,7 @@ func hugeServer(b *testing.B, tc *tokenizer.Counter, limit int) *Server {
 // headers with the content-length, then chunks of 32 KiB, each a buffer of
 // its own as gRPC hands it over, and returns the bytes sent back.
 func duplexPrompt(b *testing.B, s *Server, body []byte, contentLength bool) int {
-	p := newProcessor(context.Background(), s, "p")
+	p := newProcessor(context.Background(), s, s.live.Load(), "p")
 	defer p.finish()
 	back := 0
 	send := func(r *extprocv3.ProcessingResponse) error {

@@ -74,7 +74,7 @@ func exchange(mode filterv3.ProcessingMode_BodySendMode, body []byte, size int, 
 // returns every answer sent after each message.
 func drive(t *testing.T, s *Server, msgs []*extprocv3.ProcessingRequest) [][]*extprocv3.ProcessingResponse {
 	t.Helper()
-	p := newProcessor(context.Background(), s, "p")
+	p := newProcessor(context.Background(), s, s.live.Load(), "p")
 	defer p.finish()
 	answers := make([][]*extprocv3.ProcessingResponse, len(msgs))
 	for i, m := range msgs {
@@ -213,7 +213,7 @@ func TestDuplexRequestRefused(t *testing.T) {
 			if tc.name == "429" {
 				// Another request holds most of the bucket: what is left is
 				// less than this request's cost, not than its capacity.
-				b := buckets.Bucket{Name: "g", Key: newProcessor(context.Background(), s, "p").key("g", "", false), Limit: s.policies["p"].Buckets[0].Limit}
+				b := buckets.Bucket{Name: "g", Key: newProcessor(context.Background(), s, s.live.Load(), "p").key("g", "", false), Limit: s.live.Load().byName["p"].Buckets[0].Limit}
 				if d, err := s.cfg.Store.Reserve(context.Background(), buckets.Request{Cost: 100, Buckets: []buckets.Bucket{b}}); err != nil || !d.OK {
 					t.Fatalf("holding the bucket: %+v %v", d, err)
 				}
@@ -311,7 +311,7 @@ func TestKeepChunk(t *testing.T) {
 	s, _ := requestServer(t, 1e6, &fakeCounter{}, limit)
 	body := bigChat(limit - 100)
 	for _, hint := range []int{0, len(body)} {
-		p := newProcessor(context.Background(), s, "p")
+		p := newProcessor(context.Background(), s, s.live.Load(), "p")
 		p.req.sizeHint = hint
 		grows, prevCap := 0, 0
 		for i := 0; i < len(body); i += 1000 {
@@ -332,7 +332,7 @@ func TestKeepChunk(t *testing.T) {
 			t.Errorf("content-length known: %d allocations, want 1", grows)
 		}
 	}
-	p := newProcessor(context.Background(), s, "p")
+	p := newProcessor(context.Background(), s, s.live.Load(), "p")
 	one := []byte(`{"model":"m"}`)
 	p.keepChunk(one, true)
 	if &p.req.body[0] != &one[0] {

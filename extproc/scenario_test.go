@@ -501,7 +501,7 @@ func TestScenario17CompressedPassThrough(t *testing.T) {
 // message, as Envoy would.
 func TestScenario16Trailers(t *testing.T) {
 	r := newRig(t, nil, rigOptions{})
-	p := newProcessor(context.Background(), r.srv, "default")
+	p := newProcessor(context.Background(), r.srv, r.srv.live.Load(), "default")
 	var got []*extprocv3.ProcessingResponse
 	send := func(m *extprocv3.ProcessingResponse) error {
 		got = append(got, proto.Clone(m).(*extprocv3.ProcessingResponse))
@@ -560,7 +560,7 @@ func TestWaitingQueueBounded(t *testing.T) {
 		done <- resp.StatusCode
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for r.srv.queues["p"].waiting.Load() == 0 {
+	for r.srv.live.Load().queues["p"].waiting.Load() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the second request never waited")
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -20,15 +21,21 @@ import (
 
 // Server is the ext_proc gRPC service. Each Process call (one per HTTP
 // request) runs one processor on the stream's goroutine. A Server is safe for
-// concurrent use; its configuration is immutable after NewServer. Use
+// concurrent use. Its policies change only through Reload and its
+// per-identity overrides through SetOverrides, each swapped whole for new
+// requests; the rest of its configuration is immutable after NewServer. Use
 // NewServer; the zero value is not usable.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	cfg      Config
-	policies map[string]*Policy
-	queues   map[string]*waitQueue // requests waiting per policy (S12)
-	pauses   sync.Map              // bucket key → time.Time: provider pauses seen here (S18)
+	cfg Config
+	// live holds the policies of new requests; Reload replaces them, and a
+	// stream keeps those it started with. overrides holds the limits set
+	// per identity (SetOverrides). Both are immutable once stored.
+	live      atomic.Pointer[policySet]
+	overrides atomic.Pointer[Overrides]
+	reloadMu  sync.Mutex // serializes Reload
+	pauses    sync.Map   // bucket key → time.Time: provider pauses seen here (S18)
 
 	mu      sync.Mutex
 	closing bool
@@ -40,27 +47,12 @@ type Server struct {
 // configuration (package config); it fills defaults and refuses only a
 // missing Store or Counter.
 func NewServer(cfg Config) (*Server, error) {
-	cfg.Policies = append([]Policy(nil), cfg.Policies...)
-	for i := range cfg.Policies {
-		p := &cfg.Policies[i]
-		p.Identities = append([]Identity(nil), p.Identities...)
-		p.Buckets = append([]BucketRule(nil), p.Buckets...)
-		p.Concurrency = append([]ConcurrencyRule(nil), p.Concurrency...)
-	}
 	if err := cfg.normalize(); err != nil {
 		return nil, fmt.Errorf("extproc config: %w", err)
 	}
-	s := &Server{
-		cfg:      cfg,
-		policies: make(map[string]*Policy, len(cfg.Policies)),
-		queues:   make(map[string]*waitQueue, len(cfg.Policies)),
-		open:     map[*processor]struct{}{},
-	}
-	for i := range s.cfg.Policies {
-		p := &s.cfg.Policies[i]
-		s.policies[p.Name] = p
-		s.queues[p.Name] = &waitQueue{max: int64(p.MaxQueue)}
-	}
+	s := &Server{cfg: cfg, open: map[*processor]struct{}{}}
+	s.live.Store(newPolicySet(cfg.Policies, cfg.DefaultPolicy, nil))
+	s.overrides.Store(&Overrides{})
 	return s, nil
 }
 
@@ -157,7 +149,8 @@ func (s *Server) RecvLimit() int {
 }
 
 func (s *Server) start(ctx context.Context) (*processor, error) {
-	policy := s.cfg.DefaultPolicy
+	set := s.live.Load()
+	policy := set.defaultPolicy
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get(s.cfg.PolicyMetadataKey); len(v) > 0 && v[0] != "" {
 			policy = v[0]
@@ -171,7 +164,7 @@ func (s *Server) start(ctx context.Context) (*processor, error) {
 	if len(s.open) >= s.cfg.MaxStreams {
 		return nil, status.Error(codes.ResourceExhausted, "tokengate has the most streams open it allows")
 	}
-	p := newProcessor(ctx, s, policy)
+	p := newProcessor(ctx, s, set, policy)
 	s.open[p] = struct{}{}
 	s.wg.Add(1)
 	return p, nil

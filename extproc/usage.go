@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // ErrUnknownPolicy is wrapped by Usage's error for a policy the
@@ -35,7 +36,8 @@ type Usage struct {
 // an empty model they are left out. Shared buckets (global, provider) are
 // included: they limit this identity too.
 func (s *Server) Usage(ctx context.Context, policy string, identities map[string]string, model string) (Usage, error) {
-	pol := s.policies[policy]
+	set := s.live.Load()
+	pol := set.byName[policy]
 	if pol == nil {
 		return Usage{}, fmt.Errorf("%w %q", ErrUnknownPolicy, policy)
 	}
@@ -43,7 +45,7 @@ func (s *Server) Usage(ctx context.Context, policy string, identities map[string
 	if !ok {
 		return Usage{}, fmt.Errorf("usage: the bucket store cannot be inspected: %w", errors.ErrUnsupported)
 	}
-	p := newProcessor(ctx, s, policy)
+	p := newProcessor(ctx, s, set, policy)
 	p.req.ids = make(map[string]string, len(pol.Identities))
 	for _, id := range pol.Identities {
 		// The value as a request would carry it in a header: the same
@@ -59,7 +61,7 @@ func (s *Server) Usage(ctx context.Context, policy string, identities map[string
 			p.req.ids[id.Name] = anonymousPart
 		}
 	}
-	p.req.count.Model = model
+	p.req.count.Model, p.req.count.ModelKey = model, tokenizer.ModelKey(model)
 	bs, qs := p.limits(model == "")
 	states, quotas, err := in.Inspect(ctx, bs, qs)
 	if err != nil {

@@ -59,3 +59,9 @@ func stripSnapshot(m string) string {
 	}
 	return m
 }
+
+// ModelKey returns the key a model name is metered by, as Count.ModelKey
+// reports it for a request naming that model: lower case, without a router
+// prefix or a dated snapshot. For callers that have a model name but no
+// request body (the usage API).
+func ModelKey(model string) string { return modelKey(model) }

@@ -35,6 +35,8 @@ type parts struct {
 	metrics  *metrics.Metrics
 	ready    atomic.Bool
 	closers  []func() error
+
+	liveState // limits as data: overrides, the admin API and reloads (admin.go)
 }
 
 // heartbeats announces this gateway to the fleet sharing the store
@@ -83,6 +85,7 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	if closeStore != nil {
 		p.closers = append(p.closers, closeStore)
 	}
+	p.raw = primary
 	var store buckets.Store = p.metrics.Instrument(primary)
 	if cfg.Store.Type != "memory" {
 		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback}
@@ -125,6 +128,10 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	}
 	p.server, err = extproc.NewServer(sc)
 	if err != nil {
+		p.close()
+		return nil, err
+	}
+	if err := p.buildLimits(ctx, cfg, logger); err != nil {
 		p.close()
 		return nil, err
 	}
@@ -186,6 +193,7 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 		if cp.Wait != nil {
 			p.MaxWait, p.MaxQueue = cp.Wait.MaxWait, cp.Wait.MaxQueue
 		}
+		p.Tier, p.Tiers = tiers(cp)
 		for _, id := range cp.Identities {
 			p.Identities = append(p.Identities, extproc.Identity{
 				Name: id.Name, Header: id.Header, Metadata: id.Metadata, Path: id.Path, Hash: id.Hash,
@@ -232,6 +240,7 @@ func (p *parts) adminHandler() http.Handler {
 		}
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry}))
+	p.adminAPI(mux)
 	return mux
 }
 

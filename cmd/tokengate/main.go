@@ -6,6 +6,8 @@
 //	tokengate count [flags] FILE|-      what a request body reserves
 //	tokengate demo [--serve]            a scripted tour, no Envoy, Docker or keys needed
 //	tokengate health [--url URL]        probe a running tokengate's /readyz
+//	tokengate limits set|get|rm ...     per-identity limits, through the admin API
+//	tokengate usage IDENTITY...         one identity's limits and what remains
 //	tokengate mock-llm [--listen ADDR]  the mock LLM upstream of the demo stack
 //	tokengate version                   the version and commit of this binary
 //
