@@ -157,10 +157,17 @@ func (s Slot) LeaseOrDefault() time.Duration {
 }
 
 // Validate reports whether the request can be submitted to a store: a
-// finite, non-negative cost, a non-negative MaxWait, and valid buckets and
-// slots, no two of which share a key.
+// finite, non-negative cost, money and money per token, a non-negative
+// MaxWait, and valid buckets, slots and quotas, no two of a kind sharing a
+// key.
 func (r Request) Validate() error {
 	if err := amount("cost", r.Cost); err != nil {
+		return err
+	}
+	if err := amount("money", r.Money); err != nil {
+		return err
+	}
+	if err := amount("money per token", r.MoneyPerToken); err != nil {
 		return err
 	}
 	if r.MaxWait < 0 {
@@ -189,6 +196,16 @@ func (r Request) Validate() error {
 			}
 		}
 	}
+	for i, q := range r.Quotas {
+		if err := q.Validate(); err != nil {
+			return err
+		}
+		for _, o := range r.Quotas[:i] {
+			if o.Key == q.Key {
+				return fmt.Errorf("%w: quotas %q and %q share the key %q", ErrInvalidRequest, o.Name, q.Name, q.Key)
+			}
+		}
+	}
 	return nil
 }
 
@@ -211,10 +228,15 @@ func (r *Reservation) Charged(b Bucket) float64 {
 	return r.Cost
 }
 
-// HasHard reports whether any bucket of the reservation is hard.
+// HasHard reports whether any bucket or quota of the reservation is hard.
 func (r *Reservation) HasHard() bool {
 	for _, b := range r.Buckets {
 		if b.Hard {
+			return true
+		}
+	}
+	for _, q := range r.Quotas {
+		if q.Hard {
 			return true
 		}
 	}
@@ -266,12 +288,28 @@ func Fits(b Bucket, c float64, priority bool) bool {
 	return c <= b.Limit.Capacity-b.Reserve(priority)
 }
 
+// Step is what a store saw in the atomic step of a Reserve.
+type Step struct {
+	// Reason is the outcome.
+	Reason Reason
+	// Buckets holds one Observation per bucket of the request: after the
+	// take when admitted, before it otherwise.
+	Buckets []Observation
+	// Slot is the index of the full concurrency slot when Reason is
+	// ConcurrencyFull.
+	Slot int
+	// Quotas holds, per quota of the request, the spend of its window
+	// (after the take when admitted, before it otherwise), and Spans the
+	// window, taken at Now.
+	Quotas []float64
+	Spans  []Span
+	Now    time.Time
+}
+
 // NewDecision assembles the Decision for req from one store's atomic step.
-// reason is the outcome; obs holds one Observation per bucket of req (after
-// the take when admitted, before it otherwise); slot is the index of the
-// full concurrency slot when reason is ConcurrencyFull. id is the
-// reservation ID to use when admitted.
-func NewDecision(req Request, id string, reason Reason, obs []Observation, slot int) Decision {
+// id is the reservation ID to use when admitted.
+func NewDecision(req Request, id string, step Step) Decision {
+	reason, obs, slot := step.Reason, step.Buckets, step.Slot
 	d := Decision{OK: reason == Admitted, Reason: reason, Buckets: make([]BucketState, len(req.Buckets))}
 	least := math.Inf(1)
 	var worst time.Duration
@@ -301,8 +339,25 @@ func NewDecision(req Request, id string, reason Reason, obs []Observation, slot 
 	if reason == ConcurrencyFull && slot >= 0 && slot < len(req.Slots) {
 		d.Limiting = req.Slots[slot].Name
 	}
+	if len(req.Quotas) > 0 {
+		d.Quotas = make([]QuotaState, len(req.Quotas))
+		for i, q := range req.Quotas {
+			st := NewQuotaState(q, step.Spans[i], step.Quotas[i], step.Now)
+			d.Quotas[i] = st
+			c := req.QuotaCost(q)
+			switch {
+			case reason == NeverAdmissible && d.Limiting == "" && !FitsQuota(q, c):
+				d.Limiting = q.Name
+			case reason == OverQuota && st.Spent+c > q.Limit && (d.Wait == 0 || st.Reset > d.Wait):
+				d.Limiting, d.Wait = q.Name, st.Reset
+			}
+		}
+	}
 	if d.OK {
-		d.Reservation = &Reservation{ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority, Lifetime: req.Lifetime}
+		d.Reservation = &Reservation{
+			ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority, Lifetime: req.Lifetime,
+			Quotas: req.Quotas, Money: req.Money, MoneyPerToken: req.MoneyPerToken, Windows: step.Spans,
+		}
 	}
 	return d
 }
@@ -332,6 +387,8 @@ func (r Reason) String() string {
 		return "concurrency_full"
 	case NeverAdmissible:
 		return "never_admissible"
+	case OverQuota:
+		return "over_quota"
 	}
 	return fmt.Sprintf("Reason(%d)", int(r))
 }

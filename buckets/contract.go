@@ -47,11 +47,12 @@ type Slot struct {
 	Lease time.Duration
 }
 
-// Request is one admission attempt: take Cost tokens from every bucket and a
-// slot from every concurrency limit, all or none (S3). The zero value is a
-// valid request that costs nothing and passes no bucket. A Request is a
-// plain value; stores do not keep it, but a Reservation shares its Buckets
-// and Slots slices, so do not modify them while the request is in flight.
+// Request is one admission attempt: take Cost tokens from every bucket, a
+// slot from every concurrency limit and the request's cost from every
+// quota, all or none (S3). The zero value is a valid request that costs
+// nothing and passes no bucket. A Request is a plain value; stores do not
+// keep it, but a Reservation shares its Buckets, Slots and Quotas slices, so
+// do not modify them while the request is in flight.
 type Request struct {
 	// ID identifies the request for idempotent settlement. Empty means the
 	// store assigns one (see Reservation.ID).
@@ -70,6 +71,15 @@ type Request struct {
 	// it expires: its tokens stay charged and Settle changes nothing. Zero
 	// means DefaultLifetime; it is never shorter than a slot's lease.
 	Lifetime time.Duration
+	// Quotas are the calendar budgets the request is charged against (see
+	// Quota): Cost for quotas of tokens, Money for quotas of money.
+	Quotas []Quota
+	// Money is the most the request can cost, in micro-units of the
+	// currency, reserved from quotas of money (a price's MaxCost).
+	Money float64
+	// MoneyPerToken is what Extend debits hard quotas of money per token,
+	// in micro-units: the price of an output token.
+	MoneyPerToken float64
 }
 
 // Reason says why a decision came out the way it did.
@@ -82,8 +92,12 @@ const (
 	ShortOfTokens
 	// ConcurrencyFull: some concurrency limit is at its maximum (S11).
 	ConcurrencyFull
-	// NeverAdmissible: the cost exceeds some bucket's capacity (S4).
+	// NeverAdmissible: the cost exceeds some bucket's capacity, or some
+	// quota's whole budget (S4).
 	NeverAdmissible
+	// OverQuota: some quota's window has too little left for the request;
+	// it fits again only in the next window.
+	OverQuota
 )
 
 // BucketState is one bucket's view after a decision or a settlement.
@@ -105,15 +119,19 @@ type BucketState struct {
 type Decision struct {
 	OK     bool
 	Reason Reason
-	// Limiting is the Name of the most limiting bucket or slot (S10); for an
-	// admitted request, the bucket with the least remaining.
+	// Limiting is the Name of the most limiting bucket, slot or quota (S10);
+	// for an admitted request, the bucket with the least remaining.
 	Limiting string
 	// Wait is, when refused for tokens, the earliest time until admission
-	// (S5, the largest over short buckets); when admitted ahead of time
-	// (Request.MaxWait), how long to hold the request.
+	// (S5, the largest over short buckets); when refused by a quota, the
+	// time until its window ends (the latest over quotas without room);
+	// when admitted ahead of time (Request.MaxWait), how long to hold the
+	// request.
 	Wait time.Duration
 	// Buckets holds the state of each bucket of the request, in order.
 	Buckets []BucketState
+	// Quotas holds the state of each quota of the request, in order.
+	Quotas []QuotaState
 	// Reservation is set when OK; it must be settled exactly once.
 	Reservation *Reservation
 }
@@ -129,8 +147,20 @@ type Reservation struct {
 	Priority bool
 	// Lifetime is the request's, see Request.Lifetime.
 	Lifetime time.Duration
-	// Extended is what Extend debited from the hard buckets beyond Cost.
+	// Extended is what Extend debited from the hard buckets beyond Cost,
+	// in tokens.
 	Extended float64
+	// Quotas, Money and MoneyPerToken are the request's.
+	Quotas        []Quota
+	Money         float64
+	MoneyPerToken float64
+	// Windows holds, per quota, the window the reservation was charged in:
+	// Extend and Settle charge that window, even after it has ended.
+	Windows []Span
+	// Spent is what the request cost, in micro-units: the caller sets it
+	// before Settle, which charges it to quotas of money instead of Money.
+	// Zero means the request cost nothing.
+	Spent float64
 }
 
 // Store is the contract that the memory and Redis stores satisfy
@@ -165,17 +195,20 @@ type Store interface {
 	// Reserve attempts an admission (S3–S5, S11, S12). It writes nothing when
 	// the request is refused.
 	Reserve(ctx context.Context, req Request) (Decision, error)
-	// Extend debits n more tokens from the reservation's hard buckets, all or
-	// none (S14). ok is false when a hard bucket would go below zero (or is
-	// paused); the caller then cuts the stream off. Soft buckets are charged
-	// at Settle. Extend is not idempotent and must not follow Settle.
+	// Extend debits n more tokens from the reservation's hard buckets and
+	// hard quotas (n × MoneyPerToken from quotas of money), all or none
+	// (S14). ok is false when a hard bucket would go below zero (or is
+	// paused) or a hard quota's window would be overspent; the caller then
+	// cuts the stream off. Soft buckets and quotas are charged at Settle.
+	// Extend is not idempotent and must not follow Settle.
 	Extend(ctx context.Context, r *Reservation, n float64) (ok bool, err error)
-	// Settle replaces the reservation by the actual usage (S8, S9) and
-	// releases its slots, once: the store keeps a record of each open
-	// reservation, deleted at settlement, so settling the same reservation
-	// ID twice, or after its Lifetime, changes nothing, and a settled
-	// request leaves nothing behind. Each returned state reports in
-	// Forgiven what its bucket's floor kept this settlement from charging.
+	// Settle replaces the reservation by the actual usage (S8, S9) — actual
+	// tokens, and r.Spent for quotas of money — and releases its slots,
+	// once: the store keeps a record of each open reservation, deleted at
+	// settlement, so settling the same reservation ID twice, or after its
+	// Lifetime, changes nothing, and a settled request leaves nothing
+	// behind. It returns one state per bucket; each reports in Forgiven
+	// what its bucket's floor kept this settlement from charging.
 	Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error)
 	// Pause marks the bucket empty until the given time (S18): its level
 	// drops to zero (debt is kept) and refill resumes only then.

@@ -1,7 +1,9 @@
 // Package buckets models token buckets for rate-limiting LLM traffic by
 // tokens (SPEC S1–S12, S14, S18–S20): limits, chains of buckets, admission
-// decisions, reservations and their settlement, concurrency slots, and the
-// Store contract with its in-memory implementation, Memory.
+// decisions, reservations and their settlement, concurrency slots, quotas
+// over calendar windows (budgets of tokens or money per day, week or
+// month), and the Store contract with its in-memory implementation,
+// Memory.
 //
 // A bucket holds at most Capacity tokens and refills lazily at Rate tokens
 // per second: nothing runs in the background, every operation first brings

@@ -41,14 +41,16 @@ type Memory struct {
 	epoch      time.Time
 	seed       maphash.Seed
 	sweepEvery int64
+	spans      Spans
 	shards     [shardCount]shard
 }
 
 const shardCount = 64 // one bit each in a lockSet
 
 var (
-	_ Store   = (*Memory)(nil)
-	_ Renewer = (*Memory)(nil)
+	_ Store     = (*Memory)(nil)
+	_ Renewer   = (*Memory)(nil)
+	_ Inspector = (*Memory)(nil)
 )
 
 type shard struct {
@@ -56,8 +58,19 @@ type shard struct {
 	buckets   map[string]*level
 	slots     map[string]map[string]int64 // key → reservation ID → lease expiry
 	open      map[string]int64            // open reservation ID → when it expires
+	quotas    map[quotaKey]*spend
 	nextSweep int64
 	_         [64]byte // keep hot mutexes on separate cache lines
+}
+
+// quotaKey names the spend of one quota in one window.
+type quotaKey struct{ key, window string }
+
+// spend is a quota's spend in one window, kept until expires (the window's
+// end and QuotaSlack, in nanoseconds since the store's epoch).
+type spend struct {
+	amount  float64
+	expires int64
 }
 
 // level is a stored bucket: tokens at instant last, in nanoseconds since the
@@ -86,6 +99,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		sh.buckets = make(map[string]*level)
 		sh.slots = make(map[string]map[string]int64)
 		sh.open = make(map[string]int64)
+		sh.quotas = make(map[quotaKey]*spend)
 		sh.nextSweep = m.sweepEvery
 	}
 	return m
@@ -183,7 +197,49 @@ func (m *Memory) sweep(sh *shard, now int64) {
 			delete(sh.open, id)
 		}
 	}
+	for k, sp := range sh.quotas {
+		if sp.expires <= now {
+			delete(sh.quotas, k)
+		}
+	}
 }
+
+// wall is the wall-clock time of now (nanoseconds since the epoch), which
+// quota windows follow.
+func (m *Memory) wall(now int64) time.Time { return m.epoch.Add(time.Duration(now)) }
+
+// spent returns the spend of quota q in window span, and its record (nil
+// when nothing is spent).
+func (sh *shard) spent(q Quota, span Span, now int64) (float64, *spend) {
+	sp := sh.quotas[quotaKey{q.Key, span.ID}]
+	if sp == nil || sp.expires <= now {
+		return 0, nil
+	}
+	return sp.amount, sp
+}
+
+// charge adds amount (negative refunds) to the spend of quota q in window
+// span, which expires at expires; a window past its slack is not written.
+func (sh *shard) charge(q Quota, span Span, amount float64, expires, now int64) {
+	if expires <= now {
+		return
+	}
+	amt, sp := sh.spent(q, span, now)
+	amt = max(0, amt+amount)
+	switch {
+	case sp == nil && amt == 0:
+	case sp == nil:
+		sh.quotas[quotaKey{q.Key, span.ID}] = &spend{amount: amt, expires: expires}
+	case amt == 0:
+		delete(sh.quotas, quotaKey{q.Key, span.ID})
+	default:
+		sp.amount = amt
+	}
+}
+
+// expiry is when the spend of window span may be forgotten, in nanoseconds
+// since the epoch.
+func (m *Memory) expiry(span Span) int64 { return int64(span.End.Add(QuotaSlack).Sub(m.epoch)) }
 
 // recordShard is the shard that keeps the record of a reservation on
 // buckets bs and slots ss: the shard of its first key, which its
@@ -234,12 +290,29 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 		slotShards = append(slotShards, i)
 		ls.add(i)
 	}
+	var bufQuota [8]uint8
+	quotaShards := bufQuota[:0]
+	for _, q := range req.Quotas {
+		i := m.shardOf(q.Key)
+		quotaShards = append(quotaShards, i)
+		ls.add(i)
+	}
 	rec := m.recordShard(id, req.Buckets, req.Slots)
 	ls.add(rec)
 	m.lock(&ls)
 	// Unlocked below, before the decision is assembled: only the step itself
 	// needs the shards.
 	now := m.nowNS()
+	var spans []Span
+	var spent []float64
+	if len(req.Quotas) > 0 {
+		wall := m.wall(now)
+		spans, spent = make([]Span, len(req.Quotas)), make([]float64, len(req.Quotas))
+		for j, q := range req.Quotas {
+			spans[j] = m.spans.Span(q.Window, wall)
+			spent[j], _ = m.shards[quotaShards[j]].spent(q, spans[j], now)
+		}
+	}
 
 	var bufObs [8]Observation
 	var bufLast [8]int64
@@ -261,6 +334,18 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 			hardShort = hardShort || b.Hard
 			worst = max(worst, w)
 		}
+	}
+	over := false
+	for j, q := range req.Quotas {
+		c := req.QuotaCost(q)
+		if !FitsQuota(q, c) {
+			reason = NeverAdmissible
+		} else if spent[j]+c > q.Limit {
+			over = true
+		}
+	}
+	if reason == Admitted && over {
+		reason = OverQuota
 	}
 	if reason == Admitted && worst > 0 && (hardShort || worst > req.MaxWait) {
 		reason = ShortOfTokens
@@ -296,13 +381,22 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 			}
 			leases[id] = now + int64(s.LeaseOrDefault())
 		}
+		for j, q := range req.Quotas {
+			c := req.QuotaCost(q)
+			m.shards[quotaShards[j]].charge(q, spans[j], c, m.expiry(spans[j]), now)
+			spent[j] += c
+		}
 		m.shards[rec].open[id] = now + int64(req.LifetimeOrDefault())
 		for s := uint64(ls); s != 0; s &= s - 1 {
 			m.sweep(&m.shards[bits.TrailingZeros64(s)], now)
 		}
 	}
 	m.unlock(&ls)
-	return NewDecision(req, id, reason, obs, full), nil
+	var wall time.Time
+	if len(req.Quotas) > 0 {
+		wall = m.wall(now)
+	}
+	return NewDecision(req, id, Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: wall}), nil
 }
 
 // Extend implements Store (S14): it debits n from every hard bucket of r,
@@ -312,6 +406,9 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 		return false, fmt.Errorf("%w: extend: nil reservation", ErrInvalidRequest)
 	}
 	if err := amount("extend amount", n); err != nil {
+		return false, err
+	}
+	if err := r.ValidateQuotas(); err != nil {
 		return false, err
 	}
 	if n == 0 || !r.HasHard() {
@@ -326,6 +423,11 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 			ls.add(m.shardOf(b.Key))
 		}
 	}
+	for _, q := range r.Quotas {
+		if q.Hard {
+			ls.add(m.shardOf(q.Key))
+		}
+	}
 	m.lock(&ls)
 	defer m.unlock(&ls)
 	now := m.nowNS()
@@ -338,6 +440,15 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 			return false, nil
 		}
 	}
+	for j, q := range r.Quotas {
+		if !q.Hard {
+			continue
+		}
+		spent, _ := m.shards[m.shardOf(q.Key)].spent(q, r.Windows[j], now)
+		if spent+r.ExtendQuota(q, n) > q.Limit {
+			return false, nil
+		}
+	}
 	for _, b := range r.Buckets {
 		if !b.Hard {
 			continue
@@ -345,6 +456,11 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 		sh := &m.shards[m.shardOf(b.Key)]
 		tokens, last, p := sh.peek(b, now)
 		sh.put(b, p, tokens-n, last, now)
+	}
+	for j, q := range r.Quotas {
+		if q.Hard {
+			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], r.ExtendQuota(q, n), m.expiry(r.Windows[j]), now)
+		}
 	}
 	r.Extended += n
 	return true, nil
@@ -363,6 +479,9 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 	if err := amount("actual usage", actual); err != nil {
 		return nil, err
 	}
+	if err := r.ValidateQuotas(); err != nil {
+		return nil, err
+	}
 	var ls lockSet
 	var bufShard [8]uint8
 	shards := bufShard[:0]
@@ -373,6 +492,9 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 	}
 	for _, s := range r.Slots {
 		ls.add(m.shardOf(s.Key))
+	}
+	for _, q := range r.Quotas {
+		ls.add(m.shardOf(q.Key))
 	}
 	rec := &m.shards[m.recordShard(r.ID, r.Buckets, r.Slots)]
 	ls.add(m.recordShard(r.ID, r.Buckets, r.Slots))
@@ -400,6 +522,9 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 			if leases := sh.slots[s.Key]; leases != nil {
 				delete(leases, r.ID)
 			}
+		}
+		for j, q := range r.Quotas {
+			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], r.UsedQuota(q, actual)-r.ChargedQuota(q), m.expiry(r.Windows[j]), now)
 		}
 	}
 	m.unlock(&ls)
@@ -483,3 +608,35 @@ func (m *Memory) SettleAsync(r *Reservation, actual float64, done func([]BucketS
 
 // Flush implements AsyncSettler; nothing is ever queued.
 func (m *Memory) Flush(ctx context.Context) error { return nil }
+
+// Inspect implements Inspector: the buckets' levels and the quotas' spend
+// in the window that holds now, as a request would meet them.
+func (m *Memory) Inspect(ctx context.Context, bs []Bucket, qs []Quota) ([]BucketState, []QuotaState, error) {
+	if err := ValidateInspect(bs, qs); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("inspect: %w", err)
+	}
+	states := make([]BucketState, len(bs))
+	for i, b := range bs {
+		sh := &m.shards[m.shardOf(b.Key)]
+		sh.mu.Lock()
+		now := m.nowNS()
+		tokens, last, _ := sh.peek(b, now)
+		sh.mu.Unlock()
+		states[i] = NewState(b, Observation{Level: tokens, Hold: hold(last, now)})
+	}
+	quotas := make([]QuotaState, len(qs))
+	for j, q := range qs {
+		sh := &m.shards[m.shardOf(q.Key)]
+		sh.mu.Lock()
+		now := m.nowNS()
+		wall := m.wall(now)
+		span := m.spans.Span(q.Window, wall)
+		spent, _ := sh.spent(q, span, now)
+		sh.mu.Unlock()
+		quotas[j] = NewQuotaState(q, span, spent, wall)
+	}
+	return states, quotas, nil
+}

@@ -138,6 +138,11 @@ func (w Window) Bounds(now time.Time) (start, end time.Time) {
 // end. ID panics if w.Period is not Day, Week or Month.
 func (w Window) ID(now time.Time) string {
 	first, _, _ := w.span(now)
+	return w.idOf(first)
+}
+
+// idOf names the window whose first date is first.
+func (w Window) idOf(first date) string {
 	switch w.Period {
 	case Day:
 		return fmt.Sprintf("%04d-%02d-%02d", first.year, int(first.month), first.day)

@@ -1,6 +1,7 @@
 // Package config reads tokengate's one configuration file: listeners, the
-// bucket store and its failure mode, the tokenizer's fallbacks, and the
-// policies that Envoy routes choose between.
+// bucket store and its failure mode, the tokenizer's fallbacks, the prices
+// that cost quotas charge, and the policies that Envoy routes choose
+// between.
 //
 // Decoding is strict: an unknown key is an error, as is a missing required
 // field or an invalid value. Every problem in a file is reported at once,
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/tokengate/tokengate/pricing"
 )
 
 // Config is a whole tokengate configuration file. The zero value is not
@@ -36,7 +39,35 @@ type Config struct {
 	// ShutdownGrace bounds how long in-flight streams may run after a stop
 	// signal before they are settled and closed.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// Pricing is the price table that cost quotas charge by (see package
+	// pricing); left out, the shipped prices in USD, refusing unpriced
+	// models.
+	Pricing pricing.Config `yaml:"pricing"`
+
+	// prices is Pricing's table, built once by validation.
+	prices *pricing.Table
+
+	// UsageBound bounds the usage a provider may report for a request.
+	UsageBound UsageBound `yaml:"usage_bound"`
+	// AdminAPI configures the admin API on listeners.admin (limits and
+	// usage).
+	AdminAPI AdminAPI `yaml:"admin_api"`
 }
+
+// UsageBound is what usage a provider may report before tokengate charges
+// the bound instead (S8): a prompt of at most the counted prompt × Margin +
+// Slack; an output of at most the request's cap (all choices) + Slack, or,
+// without a cap, the larger of the allowance and the live count × Margin +
+// Slack. Omitted fields take the defaults, 4 and 4096.
+type UsageBound struct {
+	Margin *float64 `yaml:"margin"`
+	Slack  *int     `yaml:"slack"`
+}
+
+// Prices returns the price table of the configuration's pricing section,
+// built when the file was validated; nil for a Config that Load or Parse
+// did not return.
+func (c *Config) Prices() *pricing.Table { return c.prices }
 
 // Listeners are the addresses tokengate listens on.
 type Listeners struct {
@@ -53,6 +84,18 @@ type Listeners struct {
 	GRPCTLS *ListenerTLS `yaml:"grpc_tls"`
 	// AdminTLS serves the admin endpoints over HTTPS; nil serves plain HTTP.
 	AdminTLS *ListenerTLS `yaml:"admin_tls"`
+	// MaxStreams bounds the ext_proc streams open at once; one more is
+	// refused with RESOURCE_EXHAUSTED. Default 10000.
+	MaxStreams int `yaml:"max_streams"`
+	// StreamIdleTimeout ends a stream on which Envoy sends nothing for this
+	// long (its reservation is settled as aborted). It is also how long a
+	// reservation stays settleable in the store past its last renewal.
+	// Default 10m.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// MaxEventBytes bounds one server-sent event held back while its end
+	// is awaited; a stream past it is forwarded unread and charged its
+	// reservation. Default 4 MiB.
+	MaxEventBytes int `yaml:"max_event_bytes"`
 	// Insecure allows the ext_proc listener on a non-loopback address without
 	// client certificates, for a mesh whose sidecar provides mTLS. Without
 	// it such a listener is refused: anyone who reaches the port could send
@@ -157,6 +200,35 @@ type Policy struct {
 	UnknownEndpoints string `yaml:"unknown_endpoints"`
 	// UnknownEndpointTokens is the flat cost with unknown_endpoints: charge.
 	UnknownEndpointTokens int `yaml:"unknown_endpoint_tokens"`
+	// Quotas are budgets over calendar windows, charged with the buckets.
+	Quotas []Quota `yaml:"quotas"`
+	// Tier says where a request's tier is found (a header or a claim);
+	// Tiers are the limits each tier gets (see overrides.go).
+	Tier  *TierSource `yaml:"tier"`
+	Tiers []Tier      `yaml:"tiers"`
+	// Overrides give single identities limits of their own.
+	Overrides []Override `yaml:"overrides"`
+}
+
+// Quota is a budget per calendar window: a day, an ISO week or a month in a
+// time zone, in tokens or in money (the pricing currency). Exactly one of
+// Tokens and Cost is set.
+type Quota struct {
+	Name string `yaml:"name"`
+	// Per is an identity name, "model", or empty for one global quota.
+	Per string `yaml:"per"`
+	// Window is day, week or month; Timezone an IANA zone name ("UTC",
+	// "Europe/Amsterdam"), required.
+	Window   string `yaml:"window"`
+	Timezone string `yaml:"timezone"`
+	// Tokens is a budget of tokens per window.
+	Tokens int `yaml:"tokens"`
+	// Cost is a budget of money per window, a plain decimal in the pricing
+	// currency such as "500" or "2000.50".
+	Cost string `yaml:"cost"`
+	// Hard meters streams live against the budget and cuts them when it
+	// runs out (S14).
+	Hard bool `yaml:"hard"`
 }
 
 // Identity says where one identity of a request is found (S9a): a header set
@@ -344,6 +416,23 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Listeners.MaxRecvMsgBytes == 0 {
 		c.Listeners.MaxRecvMsgBytes = 64 << 20
+	}
+	if c.Listeners.MaxStreams == 0 {
+		c.Listeners.MaxStreams = 10000
+	}
+	if c.Listeners.StreamIdleTimeout == 0 {
+		c.Listeners.StreamIdleTimeout = 10 * time.Minute
+	}
+	if c.Listeners.MaxEventBytes == 0 {
+		c.Listeners.MaxEventBytes = 4 << 20
+	}
+	if c.UsageBound.Margin == nil {
+		m := 4.0
+		c.UsageBound.Margin = &m
+	}
+	if c.UsageBound.Slack == nil {
+		s := 4096
+		c.UsageBound.Slack = &s
 	}
 	if c.Store.Type == "" {
 		c.Store.Type = "memory"

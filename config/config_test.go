@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/pricing"
 )
 
 // Every fixture under testdata/invalid names, in "# want:" lines, the
@@ -167,4 +170,47 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("empty error message")
 		}
 	})
+}
+
+// A quota's budget reaches the store in its units: tokens as written, money
+// in micro-units of the pricing currency, read exactly; the price table is
+// built once, with the file's overrides and fallback.
+func TestQuotaBudgetsAndPrices(t *testing.T) {
+	c, err := Load("testdata/valid/quotas.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type budget struct {
+		Window string
+		Unit   buckets.Unit
+		Limit  float64
+		Hard   bool
+	}
+	var got []budget
+	for _, q := range c.Policies[0].Quotas {
+		w, unit, limit, err := q.Budget()
+		if err != nil {
+			t.Fatalf("%s: %v", q.Name, err)
+		}
+		got = append(got, budget{w.String(), unit, limit, q.Hard})
+	}
+	want := []budget{
+		{"month in Europe/Amsterdam", buckets.Money, 500_000_000, true},
+		{"day in UTC", buckets.Tokens, 2_000_000, false},
+		{"week in America/New_York", buckets.Money, 2_000_500_000, false},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("budgets (-want +got):\n%s", d)
+	}
+	prices := c.Prices()
+	if prices == nil || prices.Currency() != "USD" {
+		t.Fatalf("Prices() = %v; want the USD table", prices)
+	}
+	// The override by alias, and the fallback for a model nobody priced.
+	if m, err := prices.Cost("prod-deployment-eu", pricing.Usage{InputTokens: 100_000, OutputTokens: 100_000}); err != nil || m != 1_000_000 {
+		t.Errorf("cost of the aliased override = %v, %v; want 1000000 micro-units", m, err)
+	}
+	if m, err := prices.Cost("nobody-prices-this", pricing.Usage{InputTokens: 1000, OutputTokens: 1000}); err != nil || m != 30_000 {
+		t.Errorf("fallback cost = %v, %v; want 30000 micro-units", m, err)
+	}
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"reflect"
@@ -14,6 +15,7 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/pricing"
 )
 
 // validator collects every problem of one file.
@@ -168,8 +170,11 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 	m := make(map[string]reflect.Type, t.NumField())
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if name != "" && name != "-" && f.IsExported() {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case opts == "inline" && f.Type.Kind() == reflect.Struct:
+			maps.Copy(m, yamlFields(f.Type))
+		case name != "" && name != "-" && f.IsExported():
 			m[name] = f.Type
 		}
 	}
@@ -219,6 +224,8 @@ func (v *validator) validate(c *Config) {
 	v.validateListeners(&c.Listeners)
 	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
+	v.validateUsageBound(&c.UsageBound)
+	v.validateAdminAPI(&c.AdminAPI)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)
 	}
@@ -252,6 +259,7 @@ func (v *validator) validate(c *Config) {
 	}
 	v.validateSharedProviders(c)
 	v.validateLeases(c)
+	v.validatePricing(c)
 	if c.DefaultPolicy == "" {
 		if len(c.Policies) > 1 {
 			v.add("default_policy", "is required when there is more than one policy")
@@ -272,6 +280,25 @@ func (v *validator) validateListeners(l *Listeners) {
 	}
 	if l.MaxRecvMsgBytes < 1<<20 {
 		v.add("listeners.max_recv_msg_bytes", "must be at least 1048576 (a BUFFERED request body travels as one message), got %d", l.MaxRecvMsgBytes)
+	}
+	if l.MaxStreams < 1 {
+		v.add("listeners.max_streams", "must be at least 1, got %d", l.MaxStreams)
+	}
+	if l.StreamIdleTimeout < time.Second {
+		v.add("listeners.stream_idle_timeout", "must be at least 1s (longer than the longest silence of an upstream), got %s", l.StreamIdleTimeout)
+	}
+	if l.MaxEventBytes < 64<<10 {
+		v.add("listeners.max_event_bytes", "must be at least 65536 (one server-sent event of an ordinary stream must fit), got %d", l.MaxEventBytes)
+	}
+}
+
+// validateUsageBound checks the bound on reported usage.
+func (v *validator) validateUsageBound(u *UsageBound) {
+	if m := *u.Margin; !finite(m) || m < 1 {
+		v.add("usage_bound.margin", "must be a number of at least 1 (reported usage up to margin × what was counted), got %v", m)
+	}
+	if s := *u.Slack; s < 1 {
+		v.add("usage_bound.slack", "must be at least 1 (tokens allowed beyond margin × what was counted), got %d", s)
 	}
 }
 
@@ -476,6 +503,20 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 			}
 		}
 	}
+	for i := range p.Quotas {
+		q := &p.Quotas[i]
+		qp := fmt.Sprintf("%s.quotas[%d]", path, i)
+		switch {
+		case q.Name == "":
+			v.add(join(qp, "name"), "is required")
+		case bnames[q.Name]:
+			v.add(join(qp, "name"), "%q is already the name of a bucket or quota of this policy; names label response headers and metrics", q.Name)
+		}
+		name(join(qp, "name"), q.Name)
+		bnames[q.Name] = true
+		per(join(qp, "per"), q.Per)
+		v.validateQuota(qp, q)
+	}
 	cnames := map[string]bool{}
 	for i, c := range p.Concurrency {
 		cp := fmt.Sprintf("%s.concurrency[%d]", path, i)
@@ -520,6 +561,8 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 	default:
 		v.add(join(path, "unknown_endpoints"), "must be refuse, pass or charge, got %q", p.UnknownEndpoints)
 	}
+	v.validateTiers(path, p)
+	v.validateOverrides(path, p)
 }
 
 // validateSharedProviders checks that provider buckets of the same name agree
@@ -573,6 +616,83 @@ func (v *validator) validateLeases(c *Config) {
 			}
 		}
 	}
+}
+
+// maxQuotaTokens bounds a token budget so that sums of spend stay exact.
+const maxQuotaTokens = 1_000_000_000_000_000
+
+// validateQuota checks one quota's window, zone and budget.
+func (v *validator) validateQuota(path string, q *Quota) {
+	if _, err := buckets.ParsePeriod(q.Window); err != nil {
+		if q.Window == "" {
+			v.add(join(path, "window"), "is required: day, week or month")
+		} else {
+			v.add(join(path, "window"), "%q: want day, week or month", q.Window)
+		}
+	}
+	if _, err := buckets.LoadZone(q.Timezone); err != nil {
+		v.add(join(path, "timezone"), "%s", strings.TrimPrefix(err.Error(), buckets.ErrInvalidWindow.Error()+": "))
+	}
+	switch {
+	case q.Tokens != 0 && q.Cost != "":
+		v.add(path, "set tokens (a token budget) or cost (a money budget), not both")
+	case q.Tokens == 0 && q.Cost == "":
+		v.add(path, "needs tokens (a token budget per window) or cost (a money budget per window, in the pricing currency)")
+	case q.Cost != "":
+		if m, err := pricing.ParseAmount(q.Cost); err != nil {
+			v.add(join(path, "cost"), "%s", strings.TrimPrefix(err.Error(), pricing.ErrInvalidPrice.Error()+": "))
+		} else if m == 0 {
+			v.add(join(path, "cost"), "must be more than zero, got %q", q.Cost)
+		}
+	case q.Tokens < 0 || q.Tokens > maxQuotaTokens:
+		v.add(join(path, "tokens"), "must be from 1 to %d, got %d", maxQuotaTokens, q.Tokens)
+	}
+}
+
+// validatePricing checks the pricing section and keeps its table, and
+// checks that a cost quota has a price for some model.
+func (v *validator) validatePricing(c *Config) {
+	t, err := c.Pricing.Table()
+	if err != nil {
+		fes := pricing.FieldErrors(err)
+		for _, fe := range fes {
+			v.add(join("pricing", fe.Field), "%s", fe.Msg)
+		}
+		if len(fes) == 0 {
+			v.add("pricing", "%v", err)
+		}
+		return
+	}
+	c.prices = t
+	if len(t.Models()) > 0 || c.Pricing.UnknownModels == "fallback" {
+		return
+	}
+	for i, p := range c.Policies {
+		for j, q := range p.Quotas {
+			if q.Cost != "" {
+				v.add(fmt.Sprintf("policies[%d].quotas[%d].cost", i, j),
+					"no model has a price (pricing.defaults is none, and pricing has no models and no fallback): every request would be refused")
+			}
+		}
+	}
+}
+
+// Budget returns the quota in the store's terms: its calendar window, its
+// unit and its limit per window (tokens, or micro-units of the pricing
+// currency). Parse refuses a configuration where the error is not nil.
+func (q Quota) Budget() (w buckets.Window, unit buckets.Unit, limit float64, err error) {
+	w, err = buckets.ParseWindow(q.Window, q.Timezone)
+	if err != nil {
+		return buckets.Window{}, 0, 0, err
+	}
+	if q.Cost != "" {
+		m, err := pricing.ParseAmount(q.Cost)
+		if err != nil {
+			return buckets.Window{}, 0, 0, err
+		}
+		return w, buckets.Money, float64(m), nil
+	}
+	return w, buckets.Tokens, float64(q.Tokens), nil
 }
 
 // placeholderKey stands in for a store key when a bucket's limit is checked

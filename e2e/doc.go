@@ -14,5 +14,6 @@
 //
 // The package has no API. A small version of every test runs with the
 // default `go test`; the heavy load versions are behind the build tag
-// "load". See the repository README for the commands and the measured figures.
+// "load". docs/testing.md has the commands, docs/performance.md the measured
+// figures.
 package e2e

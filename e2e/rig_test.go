@@ -299,6 +299,9 @@ type gatewayConfig struct {
 	routes       []standin.Route
 	maxBodyBytes int // tokengate's limit; 0 means its default
 	bufferLimit  int // the stand-in's per-connection buffer limit; 0 means 1 MiB
+	// cuts, if set, is the stand-in's Config.Cuts: where bodies are cut
+	// into body messages.
+	cuts func(r *http.Request, response bool) []int
 	// metrics, if set, records every outcome, as the tokengate command does.
 	metrics *metrics.Metrics
 	// tune, if set, adjusts the server's configuration before it starts.
@@ -381,6 +384,7 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 		MessageTimeout:      10 * time.Second,
 		MaxMessageTimeout:   30 * time.Second,
 		RequestBufferLimit:  cfg.bufferLimit,
+		Cuts:                cfg.cuts,
 		ReceivingNamespaces: []string{"tokengate"},
 	})
 	if err != nil {

@@ -208,7 +208,10 @@ type istioDestinationRule struct {
 				} `json:"http"`
 			} `json:"connectionPool"`
 			TLS struct {
-				Mode string `json:"mode"`
+				Mode            string   `json:"mode"`
+				CredentialName  string   `json:"credentialName"`
+				SNI             string   `json:"sni"`
+				SubjectAltNames []string `json:"subjectAltNames"`
 			} `json:"tls"`
 		} `json:"trafficPolicy"`
 	} `json:"spec"`
@@ -313,6 +316,13 @@ func checkIstioCluster(t *testing.T, cluster string, se istioServiceEntry, dr is
 	if dr.Spec.Host != host || dr.Spec.TrafficPolicy.ConnectionPool.HTTP.H2UpgradePolicy != "UPGRADE" {
 		t.Errorf("DestinationRule for %q with h2UpgradePolicy UPGRADE: got host %q policy %q",
 			host, dr.Spec.Host, dr.Spec.TrafficPolicy.ConnectionPool.HTTP.H2UpgradePolicy)
+	}
+	// tokengate outside the mesh, on a routable address, accepts only
+	// clients with a certificate (mTLS): the gateway must present one, and
+	// name the host it verifies: Istio's automatic SNI would take the gRPC
+	// :authority, which Envoy sets to the cluster name.
+	if tls := dr.Spec.TrafficPolicy.TLS; tls.Mode != "MUTUAL" || tls.CredentialName == "" || tls.SNI != host || !slices.Contains(tls.SubjectAltNames, host) {
+		t.Errorf("DestinationRule tls = %+v, want MUTUAL with a credentialName, sni and subjectAltNames %s", tls, host)
 	}
 }
 

@@ -213,7 +213,7 @@ func TestShippedConfigs(t *testing.T) {
 	}
 }
 
-// TestShippedConfigContents pins the choices the repository README documents, so the
+// TestShippedConfigContents pins the choices docs/envoy.md documents, so the
 // file and its documentation cannot drift apart silently.
 func TestShippedConfigContents(t *testing.T) {
 	rec := string(Recommended())

@@ -307,7 +307,7 @@ func BenchmarkResponseChunk(b *testing.B) {
 	chunk := sse(words(20)...)
 	send := func(*extprocv3.ProcessingResponse) error { return nil }
 	newStream := func() *processor {
-		p := newProcessor(context.Background(), s, "p")
+		p := newProcessor(context.Background(), s, s.live.Load(), "p")
 		p.respMode = 4 // FULL_DUPLEX_STREAMED
 		if err := p.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 			RequestBody: &extprocv3.HttpBody{Body: []byte(benchBody), EndOfStream: true}}}, send); err != nil {

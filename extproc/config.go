@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -28,6 +29,11 @@ type Config struct {
 	// Counter counts prompt tokens, estimates output allowances and counts
 	// streamed output.
 	Counter *tokenizer.Counter
+	// Prices prices requests for quotas of money: the most a request can
+	// cost is reserved, what it cost is settled. Required when a policy has
+	// a quota of money; a request for a model it cannot price is then
+	// refused (400 unpriced_model), unless the table has a fallback.
+	Prices *pricing.Table
 	// Namespace is the Envoy dynamic metadata namespace the token counts
 	// are written under (S24). Default "tokengate".
 	Namespace string
@@ -41,11 +47,17 @@ type Config struct {
 	// and read timeouts), which decide when the store counts as down.
 	// Default 30s.
 	StoreTimeout time.Duration
-	// MaxBodyBytes bounds a request body (a larger one is refused with
-	// 413) and a non-streamed response body kept to read its usage (a
-	// larger one is forwarded, its usage unread). ServerOptions sets the
-	// gRPC receive limit above it, so that tokengate, not gRPC, answers an
-	// oversized body. Default 8 MiB.
+	// MaxBodyBytes bounds a request body in every body mode, and a
+	// non-streamed response body kept to read its usage (a larger one is
+	// forwarded, its usage unread). A request body over it, or a
+	// content-length announcing one, is refused with 413: before the
+	// upstream is contacted in BUFFERED and FULL_DUPLEX_STREAMED mode, with
+	// the upstream request reset in STREAMED mode. A request body is held
+	// whole to be counted, in one buffer of at most MaxBodyBytes.
+	// ServerOptions sets the gRPC receive limit above it, so that tokengate,
+	// not gRPC, answers an oversized BUFFERED body (one message); in the
+	// streamed modes Envoy's chunks are small and only this bound applies.
+	// Default 8 MiB.
 	MaxBodyBytes int
 	// MaxEventBytes bounds one unfinished server-sent event held back while
 	// its end is awaited; a stream past it is forwarded unread and settled
@@ -54,7 +66,8 @@ type Config struct {
 	// StreamIdleTimeout ends a stream on which Envoy sends nothing for this
 	// long; an open reservation is settled as aborted. Longer than the
 	// longest silence of an upstream (a slow non-streamed answer sends
-	// nothing until it is done). Default 10m.
+	// nothing until it is done). It is also each reservation's lifetime in
+	// the store (see reservationLifetime). Default 10m.
 	StreamIdleTimeout time.Duration
 	// MaxStreams bounds the streams open at once; one more is refused with
 	// RESOURCE_EXHAUSTED (Envoy answers its status_on_error, or, failing
@@ -81,7 +94,9 @@ type Config struct {
 	afterFunc func(time.Duration, func()) stopper
 
 	// OnFinish, when set, is called once per request when its stream ends,
-	// on the stream's goroutine, with what happened to it (for metrics).
+	// on the stream's goroutine, with what happened to it (for metrics):
+	// after the store has answered the settlement, or SettleTimeout has
+	// passed waiting for it.
 	OnFinish func(Outcome)
 }
 
@@ -92,8 +107,8 @@ type Outcome struct {
 	// named none of them.
 	Policy string
 	// Decision: admitted, unmetered, refused_tokens, refused_requests,
-	// never_admissible, bad_request, unauthorized, store_error, or empty
-	// when the stream ended before a decision.
+	// refused_budget, never_admissible, bad_request, unauthorized,
+	// store_error, or empty when the stream ended before a decision.
 	Decision    string
 	Model       string
 	InputTokens int
@@ -116,6 +131,9 @@ type Outcome struct {
 	Waited time.Duration
 	// InDebt names the buckets that settlement left below zero (S9).
 	InDebt []string
+	// Forgiven names the buckets whose floor (max_debt, or zero for a hard
+	// bucket) kept settlement from charging all of the usage (S9, S14).
+	Forgiven []string
 	// StreamUnread is true when a stream passed Config.MaxEventBytes within
 	// one event: it was forwarded unread and settled at its reservation.
 	StreamUnread bool
@@ -123,6 +141,20 @@ type Outcome struct {
 	// request makes plausible and the bound was settled instead (see
 	// Config.UsageMargin).
 	UsageClamped bool
+	// Quotas is what settlement charged each quota of the policy, in
+	// order; empty when nothing was reserved.
+	Quotas []QuotaCharge
+	// Budget names the quota that refused the request (decision
+	// refused_budget, or never_admissible by a quota's whole budget).
+	Budget string
+}
+
+// QuotaCharge is what settling one request charged one quota: tokens, or
+// micro-units of Config.Prices' currency when Money is true.
+type QuotaCharge struct {
+	Name   string
+	Money  bool
+	Amount float64
 }
 
 // Policy is one named set of limits: how identities are found, the chain of
@@ -168,6 +200,43 @@ type Policy struct {
 	// UnknownEndpointTokens is the flat cost of a request under
 	// UnknownEndpoints "charge".
 	UnknownEndpointTokens int
+	// Quotas are budgets over calendar windows, reserved and settled with
+	// the buckets, all or none.
+	Quotas []QuotaRule
+	// Tier says where a request's tier is found (its Name is unused);
+	// nil means requests have none. Tiers maps a tier value to the limits
+	// it gives rules, by rule name: a request of that tier gets them
+	// unless its identity has an override (Server.SetOverrides). Package
+	// config allows tier limits only for rules keyed by an identity.
+	Tier  *Identity
+	Tiers map[string]map[string]Override
+}
+
+// QuotaRule is one quota of a policy (see buckets.Quota): a budget per
+// calendar window, keyed like a bucket. Plain data; the zero value is
+// invalid (Name, Window and Limit are required).
+type QuotaRule struct {
+	Name string
+	// Per is an identity name, "model", or "" for one global quota.
+	Per    string
+	Window buckets.Window
+	// Unit is tokens, or money (micro-units of Config.Prices' currency).
+	Unit  buckets.Unit
+	Limit float64
+	// Hard meters streams live against the budget and cuts them off when
+	// it runs out (S14).
+	Hard bool
+}
+
+// charges reports whether the policy has a quota of money, so that its
+// requests are priced.
+func (p *Policy) charges() bool {
+	for _, q := range p.Quotas {
+		if q.Unit == buckets.Money {
+			return true
+		}
+	}
+	return false
 }
 
 // Identity says where one identity of a request is found (S9a): a request
@@ -289,18 +358,23 @@ func (c *Config) normalize() error {
 		}
 	}
 	for i := range c.Policies {
-		p := &c.Policies[i]
-		if p.Anonymous == "" {
-			p.Anonymous = anonymousShared
-		}
-		for j := range p.Concurrency {
-			if p.Concurrency[j].Lease == 0 {
-				p.Concurrency[j].Lease = 10 * time.Minute
-			}
+		if p := &c.Policies[i]; p.charges() && c.Prices == nil {
+			errs = append(errs, errors.New("Prices is required: policy "+p.Name+" has a quota of money"))
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// reservationLifetime is how long a reservation stays settleable in the
+// store past its last renewal (buckets.Request.Lifetime): StreamIdleTimeout,
+// and at least each slot's lease (the store sees to that). An open request
+// renews its reservation every third of it (startRenewal), so a request of
+// any length stays settleable while its gateway runs; the lifetime bounds
+// how long the record of a gateway that died is kept (its tokens stay
+// charged), and how long a settlement may still be replayed after a store
+// outage. It follows the idle limit rather than a knob of its own: both say
+// how long tokengate keeps a request it hears nothing about.
+func (c *Config) reservationLifetime() time.Duration { return c.StreamIdleTimeout }
 
 // Allowance is the output allowance a request of this policy reserves: the
 // allowance the counter found (the request's cap, history or the default,
@@ -319,7 +393,7 @@ type tokenCounter interface {
 	Count(req tokenizer.Request) (tokenizer.Count, error)
 	// NewLive returns a live output counter for a response in encoding.
 	NewLive(encoding string) liveCounter
-	Observe(policy, model string, completionTokens int)
+	Observe(policy string, c tokenizer.Count, outputTokens int)
 }
 
 // stopper stops a timer; *time.Timer is one.

@@ -13,6 +13,7 @@
 // the subpackage provider.
 //
 // The wiring code builds a Server with NewServer and registers it on a
-// grpc.Server with Register. See the repository README for the request flow, the response
-// headers and error bodies, and what the STREAMED response mode cannot do.
+// grpc.Server with Register. docs/design.md describes the request flow, the
+// response headers and error bodies; docs/envoy.md what the STREAMED
+// response mode cannot do.
 package extproc

@@ -26,6 +26,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/envoy/standin"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -54,14 +55,15 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 	if err := json.Unmarshal(r.Body, &body); err != nil {
 		return tokenizer.Count{}, fmt.Errorf("%w: %v", tokenizer.ErrMalformed, err)
 	}
-	c := tokenizer.Count{Model: body.Model, Encoding: "o200k_base", Exact: true, InputTokens: f.input, Stream: body.Stream}
+	c := tokenizer.Count{Model: body.Model, Encoding: "o200k_base", Exact: true, InputTokens: f.input, Stream: body.Stream,
+		ModelKey: strings.ToLower(body.Model), Choices: 1, CapFloor: 1}
 	switch {
 	case strings.HasSuffix(r.Path, "/chat/completions"):
-		c.API = tokenizer.ChatCompletions
+		c.API, c.AddCapField = tokenizer.ChatCompletions, "max_completion_tokens"
 	case strings.HasSuffix(r.Path, "/completions"):
-		c.API = tokenizer.Completions
+		c.API, c.AddCapField = tokenizer.Completions, "max_tokens"
 	case strings.HasSuffix(r.Path, "/messages"):
-		c.API = tokenizer.Messages
+		c.API, c.AddCapField = tokenizer.Messages, "max_tokens"
 	case strings.HasSuffix(r.Path, ":streamGenerateContent?alt=sse"):
 		c.API = tokenizer.Gemini
 	default:
@@ -73,7 +75,9 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 			return tokenizer.Count{}, fmt.Errorf("%w: %d", tokenizer.ErrInvalidCap, *body.MaxTokens)
 		}
 		c.OutputCap, c.OutputAllowance, c.AllowanceSource = *body.MaxTokens, *body.MaxTokens, tokenizer.FromRequest
+		c.CapFields = []string{"max_tokens"}
 	}
+	c.ChoiceAllowance = c.OutputAllowance
 	if body.N > 1 {
 		c.Choices = body.N
 		c.OutputAllowance *= body.N
@@ -84,10 +88,10 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 
 func (f *fakeCounter) NewLive(string) liveCounter { return &deltaCount{} }
 
-func (f *fakeCounter) Observe(_, _ string, n int) {
+func (f *fakeCounter) Observe(_ string, c tokenizer.Count, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.observed = append(f.observed, n)
+	f.observed = append(f.observed, n/max(1, c.Choices)) // as the estimator learns it
 }
 
 // deltaCount counts one token per non-empty delta.
@@ -189,6 +193,15 @@ func (s *recordingStore) Settle(ctx context.Context, r *buckets.Reservation, act
 	s.settled[r.ID] = append(s.settled[r.ID], actual)
 	s.mu.Unlock()
 	return s.inner.Settle(ctx, r, actual)
+}
+
+// Inspect implements buckets.Inspector when the inner store does.
+func (s *recordingStore) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error) {
+	in, ok := s.inner.(buckets.Inspector)
+	if !ok {
+		return nil, nil, errors.ErrUnsupported
+	}
+	return in.Inspect(ctx, bs, qs)
 }
 
 func (s *recordingStore) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
@@ -335,6 +348,10 @@ type rigOptions struct {
 	maxEventBytes int
 	idleTimeout   time.Duration
 	maxStreams    int
+	// wrap, when set, is the store the server uses, around the rig's
+	// recording store (a store that settles asynchronously, say).
+	wrap   func(*recordingStore) buckets.Store
+	prices *pricing.Table
 }
 
 func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
@@ -349,7 +366,7 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	}
 	srv, err := NewServer(Config{
 		Policies: o.policies, DefaultPolicy: o.policies[0].Name,
-		Store: r.store, Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter),
+		Store: wrapStore(o.wrap, r.store), Counter: o.tokenizer, counter: counterFor(o.tokenizer, r.counter), Prices: o.prices,
 		OnFinish: func(oc Outcome) { r.outcomes <- oc },
 		Logger:   cmp.Or(o.logger, slog.New(slog.DiscardHandler)),
 		Now:      clockNow(o.clock, o.now),
@@ -419,6 +436,14 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 		g.Stop()
 	})
 	return r
+}
+
+// wrapStore is wrap(s), or s without wrap.
+func wrapStore(wrap func(*recordingStore) buckets.Store, s *recordingStore) buckets.Store {
+	if wrap == nil {
+		return s
+	}
+	return wrap(s)
 }
 
 // post sends a request through the stand-in and returns the response with

@@ -98,20 +98,52 @@ func lookupIdentity(id Identity, hm *corev3.HeaderMap, headers map[string]string
 	} else {
 		v = metadataString(md[id.Metadata], id.Path)
 	}
-	v = strings.TrimSpace(v)
+	v, bearer := credential(v)
 	if v == "" {
 		return "", false, nil
 	}
-	if strings.HasPrefix(strings.ToLower(v), "bearer ") {
-		v = strings.TrimSpace(v[len("bearer "):])
-		if id.Header != "" && strings.ContainsRune(v, ',') {
-			return "", false, errDuplicateIdentity
-		}
+	if bearer && id.Header != "" && strings.ContainsRune(v, ',') {
+		return "", false, errDuplicateIdentity
 	}
 	if id.Hash {
 		v = hashIdentity(v)
 	}
 	return v, true, nil
+}
+
+// credential is an identity value as it is metered: without surrounding
+// space and without a bearer scheme, which bearer reports.
+func credential(v string) (value string, bearer bool) {
+	v = strings.TrimSpace(v)
+	if strings.HasPrefix(strings.ToLower(v), "bearer ") {
+		return strings.TrimSpace(v[len("bearer "):]), true
+	}
+	return v, false
+}
+
+// IdentityKey is the form an identity's value takes in store keys and in
+// override keys (OverrideKey.Identity): read as a request's value is read
+// (surrounding space and a bearer scheme dropped), hashed when hash is set
+// (S9a) so that raw API keys never reach the store, and escaped (or hashed
+// when long). It is "" for a blank value.
+func IdentityKey(value string, hash bool) string {
+	v, _ := credential(value)
+	if v == "" {
+		return ""
+	}
+	if hash {
+		v = hashIdentity(v)
+	}
+	return identityPart(v)
+}
+
+// ModelKey is the form a model name takes in the keys of per-model rules;
+// "" for an empty name.
+func ModelKey(model string) string {
+	if model == "" {
+		return ""
+	}
+	return identityPart(model)
 }
 
 // metadataString reads a dotted path ("claims.sub") from a Struct. Numbers

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -44,6 +45,7 @@ type processor struct {
 	ctx    context.Context
 	pol    *Policy
 	policy string
+	queue  *waitQueue // the policy's requests waiting for tokens (S12)
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	send              sendFunc
@@ -63,15 +65,23 @@ type request struct {
 	path      string
 	priority  bool
 	ids       map[string]string // identity name → its part of store keys (keys.go)
-	body      []byte
+	tier      string            // the request's tier (Policy.Tier), "" for none
+	body      []byte            // the request body gathered so far (keepChunk)
+	size      int               // bytes of the body received
+	sizeHint  int               // the body's content-length, 0 when unknown
+	trailers  bool              // the body ended with trailers
 	decided   bool
 	count     tokenizer.Count
 	allowance int // output tokens reserved
 	injected  bool
+	capAdded  bool // clamp_output wrote a cap into a body that had none
 	hard      bool
 	states    []buckets.BucketState
-	decision  string // admitted, unmetered, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error
-	reply     int    // status of tokengate's own answer (400, 413, 429, …), 0 when none
+	quotas    []buckets.QuotaState
+	price     pricing.Price // the model's, when the policy has a quota of money
+	budget    string        // the quota that refused the request
+	decision  string        // admitted, unmetered, refused_tokens, refused_requests, refused_budget, never_admissible, bad_request, unauthorized, store_error
+	reply     int           // status of tokengate's own answer (400, 413, 429, …), 0 when none
 	waited    time.Duration
 }
 
@@ -79,7 +89,7 @@ type request struct {
 // body, the live count (S13) and the cut-off (S14).
 type response struct {
 	status      int
-	sse         bool
+	sse         bool // a stream of events (SSE or a Gemini JSON array), counted live
 	encoded     bool
 	body        []byte // a non-streamed body, kept to read its usage
 	bodyDropped bool   // the body passed MaxBodyBytes: its usage is not read
@@ -101,9 +111,10 @@ type response struct {
 
 // settlement is the reservation and what settling it charged (S8). mu
 // guards every field but the atomic counters, which abandon reads while the
-// stream goroutine writes them; the stream goroutine reads res and extended,
-// which only it writes, without it. Extensions, renewals and settlement
-// exclude each other: none follows settlement.
+// stream goroutine writes them, and states and settleErr, which the store's
+// answer writes once before it closes written; the stream goroutine reads
+// res and extended, which only it writes, without it. Extensions, renewals
+// and settlement exclude each other: none follows settlement.
 type settlement struct {
 	mu       sync.Mutex
 	res      *buckets.Reservation
@@ -112,16 +123,22 @@ type settlement struct {
 	actual   int
 	outcome  string
 	inDebt   []string      // buckets settlement left below zero
+	forgiven []string      // buckets whose floor forgave part of the usage
+	quotas   []QuotaCharge // what settlement charged each quota
 	clamped  bool          // reported usage beyond the plausible was bounded
-	renewIn  time.Duration // half the shortest slot lease; 0 without slots
-	renewal  stopper       // the next renewal of the slots, nil when none
-	input    atomic.Int64
-	output   atomic.Int64
+	renewIn  time.Duration // a third of the shortest lifetime, see startRenewal
+	renewal  stopper       // the next renewal, nil when none
+	// written is closed when the store has answered the settlement, after
+	// it set states and settleErr (see settleStore); nil before settlement.
+	written   chan struct{}
+	states    []buckets.BucketState
+	settleErr error
+	input     atomic.Int64
+	output    atomic.Int64
 }
 
-func newProcessor(ctx context.Context, s *Server, policy string) *processor {
-	p := &processor{s: s, ctx: ctx, policy: policy, pol: s.policies[policy]}
-	return p
+func newProcessor(ctx context.Context, s *Server, set *policySet, policy string) *processor {
+	return &processor{s: s, ctx: ctx, policy: policy, pol: set.byName[policy], queue: set.queues[policy]}
 }
 
 func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) error {
@@ -142,7 +159,7 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) erro
 	case *extprocv3.ProcessingRequest_RequestBody:
 		return p.requestBody(r.RequestBody, send)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		return send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+		return p.requestTrailers(send)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		return p.responseHeaders(r.ResponseHeaders, send)
 	case *extprocv3.ProcessingRequest_ResponseBody:
@@ -192,36 +209,55 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			p.req.ids[id.Name] = anonymousPart
 		}
 	}
-	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{"accept-encoding"}}
+	if err := p.readTier(h.GetHeaders(), hdr, md); err != nil {
+		p.req.decision = "bad_request"
+		return p.immediate(duplicateIdentity("tier"), send)
+	}
+	if n, err := strconv.ParseInt(hdr["content-length"], 10, 64); err == nil && n > int64(p.s.cfg.MaxBodyBytes) {
+		// Refused before a byte of the body is read, in every mode.
+		p.req.decision = "bad_request"
+		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
+	} else if err == nil && n > 0 {
+		p.req.sizeHint = int(n)
+	}
 	if h.GetEndOfStream() {
 		p.req.decision = "unmetered" // no body, nothing to count
+	} else if p.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return nil // answered once the body is decided (forward)
 	}
-	return send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}},
-	}})
+	return send(p.requestHeadersAnswer(nil))
 }
 
 func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 	if p.req.decided {
 		return send(requestBodyResponse(nil, nil))
 	}
-	if len(p.req.body)+len(b.GetBody()) > p.s.cfg.MaxBodyBytes {
+	chunk, eos := b.GetBody(), b.GetEndOfStream()
+	if p.req.size+len(chunk) > p.s.cfg.MaxBodyBytes {
 		p.req.decision = "bad_request"
 		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
 	}
-	if p.req.body == nil && b.GetEndOfStream() {
-		p.req.body = b.GetBody() // one message: no copy
-	} else {
-		p.req.body = append(p.req.body, b.GetBody()...)
+	streaming := p.reqMode == filterv3.ProcessingMode_STREAMED || p.duplexRequest()
+	p.keepChunk(chunk, eos || !streaming) // a BUFFERED body is one message, trailers or not
+	switch p.reqMode {
+	case filterv3.ProcessingMode_STREAMED:
+		if !eos {
+			// Earlier chunks pass as they are; the decision waits for the
+			// last chunk (or the trailers), which Envoy releases upstream
+			// only after its answer (§3.2).
+			return send(requestBodyResponse(nil, nil))
+		}
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if !eos {
+			// Nothing is answered, not even the headers, until the body
+			// is complete: the upstream is not contacted before the
+			// decision (§3.2).
+			return nil
+		}
 	}
-	streamed := p.reqMode == filterv3.ProcessingMode_STREAMED
-	if streamed && !b.GetEndOfStream() {
-		// Earlier chunks pass as they are; the decision waits for the last
-		// chunk, which Envoy releases only after this answer.
-		return send(requestBodyResponse(nil, nil))
-	}
-	p.req.decided = true
-	return p.decide(!streamed, send)
+	// BUFFERED: one message holds the whole body (without end_of_stream
+	// when trailers follow).
+	return p.decideBody(send)
 }
 
 // decide counts the request, reserves its chain and answers the request body
@@ -233,8 +269,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		switch {
 		case pass:
 			p.req.decision = "unmetered"
-			p.req.body = nil
-			return send(requestBodyResponse(nil, nil))
+			return p.forward(nil, nil, send)
 		case flat == 0:
 			return p.refuseUncountable(err, send)
 		}
@@ -242,6 +277,13 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	}
 	p.req.count = c
 	p.req.allowance = p.pol.Allowance(c)
+	if p.pol.charges() {
+		price, err := p.s.cfg.Prices.Resolve(c.Model)
+		if err != nil {
+			return p.refuseUnpriced(send)
+		}
+		p.req.price = price
+	}
 	if p.ctx.Err() != nil {
 		return nil // the client left while its request was counted: nothing to reserve
 	}
@@ -253,7 +295,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		p.logAt(slog.LevelError, "bucket store unavailable", "err", err)
 		return p.immediate(unavailable(), send)
 	}
-	p.req.states = d.Buckets
+	p.req.states, p.req.quotas = d.Buckets, d.Quotas
 	p.st.input.Store(int64(c.InputTokens))
 	if !d.OK {
 		switch d.Reason {
@@ -261,8 +303,14 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			p.req.decision = "never_admissible"
 		case buckets.ConcurrencyFull:
 			p.req.decision = "refused_requests"
+		case buckets.OverQuota:
+			p.req.decision = "refused_budget"
 		default:
 			p.req.decision = "refused_tokens"
+		}
+		if st, ok := limitingQuota(d); ok {
+			p.req.budget = st.Name
+			return p.immediate(budgetRefusal(d, st, p.quotaCost(st.Unit, cost), p.currency()), send)
 		}
 		return p.immediate(refusal(d, cost), send)
 	}
@@ -288,9 +336,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			return nil // the client left while waiting; finish refunds the reservation
 		}
 	}
-	body := p.rewrite(canRewrite)
-	p.req.body = nil
-	return send(requestBodyResponse(body, p.metadata(false)))
+	return p.forward(p.rewrite(canRewrite), p.metadata(false), send)
 }
 
 // reserve asks the store for cost tokens from every bucket of the policy's
@@ -298,18 +344,21 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 // that may wait takes a place in the policy's queue before it asks (S12);
 // it keeps it, until it calls leaveQueue, only if it is to wait.
 func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), err error) {
-	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority}
-	for _, r := range p.pol.Buckets {
-		req.Buckets = append(req.Buckets, buckets.Bucket{
-			Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: r.Limit,
-			Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom, Lease: r.Lease,
-		})
-		p.req.hard = p.req.hard || r.Hard
+	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority, Lifetime: p.s.cfg.reservationLifetime()}
+	req.Buckets, req.Quotas = p.limits(false)
+	for _, b := range req.Buckets {
+		p.req.hard = p.req.hard || b.Hard
+	}
+	for _, q := range req.Quotas {
+		p.req.hard = p.req.hard || q.Hard
 	}
 	for _, r := range p.pol.Concurrency {
-		req.Slots = append(req.Slots, buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: r.Max, Lease: r.Lease})
+		req.Slots = append(req.Slots, p.slot(r))
 	}
-	queue := p.s.queues[p.policy]
+	if p.pol.charges() {
+		req.Money, req.MoneyPerToken = p.maxMoney()
+	}
+	queue := p.queue
 	if p.pol.MaxWait > 0 && queue.enter() {
 		req.MaxWait = p.pol.MaxWait
 	}
@@ -327,6 +376,30 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 	return d, leaveQueue, err
 }
 
+// limits are the buckets and quotas of the policy's chain for this
+// request's identities and model, keyed as keys.go describes: what a
+// request reserves and what Server.Usage shows. withoutModel leaves out
+// the rules kept per model (Usage without a model).
+func (p *processor) limits(withoutModel bool) ([]buckets.Bucket, []buckets.Quota) {
+	bs := make([]buckets.Bucket, 0, len(p.pol.Buckets))
+	for _, r := range p.pol.Buckets {
+		if withoutModel && r.Per == perModel {
+			continue
+		}
+		bs = append(bs, p.bucket(r))
+	}
+	var qs []buckets.Quota
+	for _, r := range p.pol.Quotas {
+		if withoutModel && r.Per == perModel {
+			continue
+		}
+		qs = append(qs, buckets.Quota{
+			Name: r.Name, Key: p.key(r.Name, r.Per, false), Window: r.Window, Unit: r.Unit, Limit: r.Limit, Hard: r.Hard,
+		})
+	}
+	return bs, qs
+}
+
 // rewrite returns the request body with include_usage asked for (S15) and
 // the output cap clamped to the reservation, when the policy says so and
 // the body can still be replaced; nil when it stays as it is.
@@ -335,27 +408,36 @@ func (p *processor) rewrite(canRewrite bool) []byte {
 	inject := p.pol.InjectUsage && c.Stream && !c.IncludeUsage &&
 		(c.API == tokenizer.ChatCompletions || c.API == tokenizer.Completions)
 	clamp := 0
-	if p.pol.ClampOutput && c.API != tokenizer.Embeddings {
+	if p.pol.ClampOutput && !c.Embedding {
 		clamp = p.req.allowance
 	}
 	if !canRewrite || !inject && clamp == 0 {
 		return nil
 	}
-	body, err := rewriteBody(c.API, p.req.body, inject, clamp)
+	body, err := rewriteBody(c, p.req.body, inject, clamp)
 	if err != nil {
 		p.logAt(slog.LevelWarn, "request body not rewritten: forwarded unchanged")
 		p.logAt(slog.LevelDebug, "request body not rewritten", "err", err)
 		return nil
 	}
 	p.req.injected = inject
+	// A cap written into a request that carried none stops the model at
+	// tokengate's own allowance: such an answer says nothing about how long
+	// uncapped answers are (see learn).
+	p.req.capAdded = clamp > 0 && len(c.CapFields) == 0
 	return body
 }
 
 // uncounted decides what becomes of a request the tokenizer cannot count:
 // pass it unmetered, or charge it flat (flat > 0); neither means refuse it.
-// An endpoint no API matches follows the policy's UnknownEndpoints (S22);
-// everything else that cannot be counted is refused (S23).
+// An endpoint that generates nothing (count_tokens, moderations, stored
+// completions: tokenizer.Classify's Free) passes unmetered; one no API
+// matches follows the policy's UnknownEndpoints (S22); everything else that
+// cannot be counted is refused (S23).
 func (p *processor) uncounted(err error) (flat int, pass bool) {
+	if errors.Is(err, tokenizer.ErrFreeEndpoint) {
+		return 0, true
+	}
 	if !errors.Is(err, tokenizer.ErrUnknownAPI) {
 		return 0, false
 	}
@@ -411,24 +493,28 @@ func (p *processor) key(rule, per string, provider bool) string {
 	if provider {
 		scope = sharedScope
 	}
+	return bucketKey(scope, rule, p.keyPart(per))
+}
+
+// keyPart is the identity part of the store keys of rules keyed by per.
+func (p *processor) keyPart(per string) string {
 	switch per {
 	case "":
-		return bucketKey(scope, rule, globalPart)
+		return globalPart
 	case perModel:
 		if m := p.modelKey(); m != "" {
-			return bucketKey(scope, rule, identityPart(m))
+			return identityPart(m)
 		}
-		return bucketKey(scope, rule, noModelPart)
+		return noModelPart
 	}
-	v := p.req.ids[per]
-	if v == "" { // request headers were not sent to the server
-		v = anonymousPart
+	if v := p.req.ids[per]; v != "" {
+		return v
 	}
-	return bucketKey(scope, rule, v)
+	return anonymousPart // request headers were not sent to the server
 }
 
 // modelKey is the model that per-model buckets are keyed by.
-func (p *processor) modelKey() string { return p.req.count.Model }
+func (p *processor) modelKey() string { return p.req.count.ModelKey }
 
 func (p *processor) immediate(r reply, send sendFunc) error {
 	p.done = true

@@ -18,13 +18,13 @@ import "sync/atomic"
 // it is clear that it does not wait. A zero max lets no request wait. The
 // zero value lets none wait; a waitQueue is safe for concurrent use.
 type waitQueue struct {
-	max     int64
+	max     atomic.Int64 // changed by Server.Reload
 	waiting atomic.Int64
 }
 
 // enter takes a place, and reports false when the queue is full.
 func (q *waitQueue) enter() bool {
-	if q.waiting.Add(1) <= q.max {
+	if q.waiting.Add(1) <= q.max.Load() {
 		return true
 	}
 	q.waiting.Add(-1)

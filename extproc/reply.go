@@ -35,6 +35,7 @@ type errorDetail struct {
 	Message  string `json:"message"`
 	Type     string `json:"type"`
 	Bucket   string `json:"bucket,omitempty"`
+	Quota    string `json:"quota,omitempty"`
 	Capacity int64  `json:"capacity,omitempty"`
 	Cost     int64  `json:"cost,omitempty"`
 }

@@ -28,18 +28,29 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	if p.resp.status == 0 {
 		p.resp.status = 200
 	}
+	if err := p.decideUnended(send); err != nil || p.done {
+		return err
+	}
 	ce := strings.ToLower(hdr["content-encoding"])
 	p.resp.encoded = ce != "" && ce != "identity"
-	p.resp.sse = p.resp.status == 200 && p.st.res != nil && !p.resp.encoded &&
-		strings.HasPrefix(strings.ToLower(hdr["content-type"]), "text/event-stream")
+	// A stream of events: server-sent events, or the JSON array Gemini's
+	// streamGenerateContent sends without alt=sse.
+	fr := provider.FramingOf(p.req.count.API, p.req.path, hdr["content-type"])
+	p.resp.sse = p.resp.status == 200 && p.st.res != nil && !p.resp.encoded && fr != provider.Unframed
 	if p.resp.sse {
-		p.resp.stream = provider.NewStream(p.req.count.API, p.req.count.IncludeUsage, p.req.injected)
+		p.resp.stream = provider.NewFramedStream(p.req.count.API, fr, p.req.count.IncludeUsage, p.req.injected)
 		p.resp.framer = *framerPool.Get().(*provider.Framer) // emptied by Flush before it was pooled
+		p.resp.framer.Reset(fr)
 		p.resp.live = p.s.cfg.counter.NewLive(p.req.count.Encoding)
 	}
 	var set []*corev3.HeaderValueOption
 	if st, ok := mostLimiting(p.req.states); ok {
 		for _, kv := range limitHeaders(st) {
+			set = append(set, headerOption(kv[0], kv[1]))
+		}
+	}
+	if st, ok := tightestQuota(p.req.quotas); ok {
+		for _, kv := range budgetHeaders(st, p.currency()) {
 			set = append(set, headerOption(kv[0], kv[1]))
 		}
 	}
@@ -347,7 +358,7 @@ func (p *processor) overBudget(n int) bool {
 // are sent. In FULL_DUPLEX_STREAMED they go in one streamed_response with
 // end_of_stream, which makes Envoy end the response and reset the upstream.
 // In STREAMED they replace this chunk and later chunks are cleared (the
-// upstream runs on; see README).
+// upstream runs on; see docs/envoy.md).
 func (p *processor) cutOff(send sendFunc) error {
 	p.resp.cut = true
 	delivered := provider.Usage{InputTokens: p.req.count.InputTokens, OutputTokens: p.resp.delivered}

@@ -3,102 +3,246 @@ package extproc
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
-// capFields lists, per API, the body fields that cap output, and the one to
-// add when the body has none.
-var capFields = map[tokenizer.API]struct {
-	fields []string
-	add    string
-}{
-	tokenizer.ChatCompletions: {[]string{"max_tokens", "max_completion_tokens"}, "max_completion_tokens"},
-	tokenizer.Completions:     {[]string{"max_tokens"}, "max_tokens"},
-	tokenizer.Responses:       {[]string{"max_output_tokens"}, "max_output_tokens"},
-	tokenizer.Messages:        {[]string{"max_tokens"}, "max_tokens"},
-}
-
 // rewriteBody returns body with stream_options.include_usage set when
-// injectUsage (S15), and every output cap lowered to clamp when clamp > 0
-// (adding one where the body has none). The body was already parsed by the
-// tokenizer, so an error here means a shape the rewrite cannot handle.
-func rewriteBody(api tokenizer.API, body []byte, injectUsage bool, clamp int) ([]byte, error) {
-	if injectUsage && clamp <= 0 && !bytes.Contains(body, []byte(`"stream_options"`)) {
-		// The common case needs no re-encoding: insert the member first.
-		if i := bytes.IndexByte(body, '{'); i >= 0 && len(bytes.TrimSpace(body[:i])) == 0 && json.Valid(body) {
-			const member = `"stream_options":{"include_usage":true}`
-			out := make([]byte, 0, len(body)+len(member)+1)
-			out = append(out, body[:i+1]...)
-			out = append(out, member...)
-			if rest := bytes.TrimLeft(body[i+1:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
-				out = append(out, ',')
-			}
-			return append(out, body[i+1:]...), nil
-		}
-	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
+// injectUsage (S15) and, when clampTotal > 0 (clamp_output), its output
+// capped so that the whole request generates at most clampTotal tokens:
+// each cap field the tokenizer found (c.CapFields) is lowered to
+// c.ChoiceCap(clampTotal), a per-choice value, and never raised; a body
+// without a cap gets c.AddCapField. ChoiceCap keeps the cap at or above the
+// least the provider accepts (16 for Responses, thinking.budget_tokens + 1
+// for Anthropic extended thinking).
+//
+// Keys are matched exactly, as the provider matches them, and every
+// occurrence of a repeated key is rewritten, so the provider sees the new
+// value whichever duplicate it reads; an added member goes last, where it
+// wins. Everything else is kept byte for byte. The body was already
+// parsed by the tokenizer, so an error here means a shape the rewrite
+// cannot handle.
+func rewriteBody(c tokenizer.Count, body []byte, injectUsage bool, clampTotal int) ([]byte, error) {
+	top, err := readObject(body, 0)
+	if err != nil {
 		return nil, fmt.Errorf("rewrite request body: %w", err)
 	}
+	var edits []edit
 	if injectUsage {
-		opts := map[string]json.RawMessage{}
-		if raw, ok := top["stream_options"]; ok && string(raw) != "null" {
-			if err := json.Unmarshal(raw, &opts); err != nil {
-				return nil, fmt.Errorf("rewrite request body: stream_options: %w", err)
-			}
-		}
-		opts["include_usage"] = json.RawMessage("true")
-		raw, err := json.Marshal(opts)
+		e, err := includeUsage(body, &top)
 		if err != nil {
-			return nil, fmt.Errorf("rewrite request body: stream_options: %w", err)
+			return nil, fmt.Errorf("rewrite request body: %w", err)
 		}
-		top["stream_options"] = raw
+		edits = append(edits, e...)
 	}
-	if clamp > 0 {
-		if api == tokenizer.Gemini {
-			if err := clampGemini(top, clamp); err != nil {
-				return nil, err
+	if clampTotal > 0 {
+		if perChoice, ok := c.ChoiceCap(clampTotal); ok {
+			e, err := clampCaps(body, &top, c, perChoice)
+			if err != nil {
+				return nil, fmt.Errorf("rewrite request body: %w", err)
 			}
-		} else if cf, ok := capFields[api]; ok {
-			clampFields(top, cf.fields, cf.add, clamp)
+			edits = append(edits, e...)
 		}
 	}
-	return json.Marshal(top)
+	return applyEdits(body, edits), nil
 }
 
-func clampFields(obj map[string]json.RawMessage, fields []string, add string, clamp int) {
-	found := false
-	for _, f := range fields {
-		raw, ok := obj[f]
-		if !ok || string(raw) == "null" {
-			continue
-		}
-		found = true
-		if v, err := strconv.ParseFloat(string(raw), 64); err == nil && v <= float64(clamp) {
-			continue
-		}
-		obj[f] = json.RawMessage(strconv.Itoa(clamp))
+// includeUsage sets stream_options.include_usage to true in every
+// stream_options, adding one when there is none.
+func includeUsage(body []byte, top *object) ([]edit, error) {
+	const opts = `{"include_usage":true}`
+	occ := top.all("stream_options")
+	if len(occ) == 0 {
+		return []edit{top.add(`"stream_options":` + opts)}, nil
 	}
-	if !found {
-		obj[add] = json.RawMessage(strconv.Itoa(clamp))
+	var edits []edit
+	for _, m := range occ {
+		switch v := body[m.start:m.end]; v[0] {
+		case 'n':
+			edits = append(edits, edit{m.start, m.end, opts})
+		case '{':
+			so, err := readObject(body, m.start)
+			if err != nil {
+				return nil, fmt.Errorf("stream_options: %w", err)
+			}
+			iu := so.all("include_usage")
+			if len(iu) == 0 {
+				edits = append(edits, so.add(`"include_usage":true`))
+			}
+			for _, u := range iu {
+				edits = append(edits, edit{u.start, u.end, "true"})
+			}
+		default:
+			return nil, errors.New("stream_options is not an object")
+		}
 	}
+	return edits, nil
 }
 
-func clampGemini(top map[string]json.RawMessage, clamp int) error {
-	gc := map[string]json.RawMessage{}
-	if raw, ok := top["generationConfig"]; ok && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &gc); err != nil {
-			return fmt.Errorf("rewrite request body: generationConfig: %w", err)
+// clampCaps lowers every occurrence of each cap field of c above perChoice
+// to perChoice, or adds c.AddCapField when the body sets no cap.
+func clampCaps(body []byte, top *object, c tokenizer.Count, perChoice int) ([]edit, error) {
+	value := strconv.Itoa(perChoice)
+	var edits []edit
+	lower := func(ms []member) {
+		for _, m := range ms {
+			if n, err := strconv.ParseFloat(string(body[m.start:m.end]), 64); err == nil && n > float64(perChoice) {
+				edits = append(edits, edit{m.start, m.end, value})
+			}
 		}
 	}
-	clampFields(gc, []string{"maxOutputTokens"}, "maxOutputTokens", clamp)
-	raw, err := json.Marshal(gc)
+	for _, field := range c.CapFields {
+		outer, inner, nested := strings.Cut(field, ".")
+		if !nested {
+			lower(top.all(outer))
+			continue
+		}
+		for _, m := range top.all(outer) {
+			if body[m.start] != '{' {
+				continue
+			}
+			obj, err := readObject(body, m.start)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", outer, err)
+			}
+			lower(obj.all(inner))
+		}
+	}
+	if len(c.CapFields) > 0 || c.AddCapField == "" {
+		return edits, nil
+	}
+	outer, inner, nested := strings.Cut(c.AddCapField, ".")
+	if !nested {
+		return []edit{top.add(strconv.Quote(outer) + ":" + value)}, nil
+	}
+	occ := top.all(outer)
+	if len(occ) == 0 {
+		return []edit{top.add(strconv.Quote(outer) + ":{" + strconv.Quote(inner) + ":" + value + "}")}, nil
+	}
+	for _, m := range occ {
+		switch body[m.start] {
+		case '{':
+			obj, err := readObject(body, m.start)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", outer, err)
+			}
+			edits = append(edits, obj.add(strconv.Quote(inner)+":"+value))
+		case 'n':
+			edits = append(edits, edit{m.start, m.end, "{" + strconv.Quote(inner) + ":" + value + "}"})
+		default:
+			return nil, fmt.Errorf("%s is not an object", outer)
+		}
+	}
+	return edits, nil
+}
+
+// object is a JSON object of the body: its members and where its closing
+// brace is.
+type object struct {
+	members []member
+	close   int // offset of the closing '}'
+	added   int // members added by edits
+}
+
+// member is one member of an object: its exact key and the offsets of its
+// value in the body.
+type member struct {
+	key        string
+	start, end int
+}
+
+// all returns every member named key, in order.
+func (o object) all(key string) []member {
+	var ms []member
+	for _, m := range o.members {
+		if m.key == key {
+			ms = append(ms, m)
+		}
+	}
+	return ms
+}
+
+// add returns the edit that appends a member (its text) to the object.
+// Edits at one place apply in the order they were made.
+func (o *object) add(memberText string) edit {
+	if len(o.members)+o.added > 0 {
+		memberText = "," + memberText
+	}
+	o.added++
+	return edit{o.close, o.close, memberText}
+}
+
+// readObject reads the object that starts at offset at of body (after
+// optional whitespace) with encoding/json's tokenizer, which matches keys
+// exactly and decodes their escapes. Its errors name an offset, never
+// text of the body.
+func readObject(body []byte, at int) (object, error) {
+	dec := json.NewDecoder(bytes.NewReader(body[at:]))
+	invalid := func() error {
+		return fmt.Errorf("not a valid JSON object at byte %d", at+int(dec.InputOffset()))
+	}
+	tok, err := dec.Token()
 	if err != nil {
-		return fmt.Errorf("rewrite request body: generationConfig: %w", err)
+		return object{}, invalid()
 	}
-	top["generationConfig"] = raw
-	return nil
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return object{}, fmt.Errorf("not a JSON object at byte %d", at)
+	}
+	var o object
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return object{}, invalid()
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return object{}, invalid()
+		}
+		end := at + int(dec.InputOffset())
+		start := end - len(v)
+		if start < at || !bytes.Equal(body[start:end], v) {
+			return object{}, fmt.Errorf("cannot locate the member value that ends at byte %d", end)
+		}
+		o.members = append(o.members, member{key: k.(string), start: start, end: end})
+	}
+	if _, err := dec.Token(); err != nil {
+		return object{}, invalid()
+	}
+	o.close = at + int(dec.InputOffset()) - 1
+	if at == 0 {
+		// The body itself: nothing may follow it.
+		if _, err := dec.Token(); err != io.EOF {
+			return object{}, invalid()
+		}
+	}
+	return o, nil
+}
+
+// edit replaces body[start:end] with text.
+type edit struct {
+	start, end int
+	text       string
+}
+
+// applyEdits returns a copy of body with non-overlapping edits applied.
+func applyEdits(body []byte, edits []edit) []byte {
+	slices.SortStableFunc(edits, func(a, b edit) int { return a.start - b.start })
+	n := len(body)
+	for _, e := range edits {
+		n += len(e.text) - (e.end - e.start)
+	}
+	out := make([]byte, 0, n)
+	last := 0
+	for _, e := range edits {
+		out = append(out, body[last:e.start]...)
+		out = append(out, e.text...)
+		last = e.end
+	}
+	return append(out, body[last:]...)
 }

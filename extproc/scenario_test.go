@@ -501,7 +501,7 @@ func TestScenario17CompressedPassThrough(t *testing.T) {
 // message, as Envoy would.
 func TestScenario16Trailers(t *testing.T) {
 	r := newRig(t, nil, rigOptions{})
-	p := newProcessor(context.Background(), r.srv, "default")
+	p := newProcessor(context.Background(), r.srv, r.srv.live.Load(), "default")
 	var got []*extprocv3.ProcessingResponse
 	send := func(m *extprocv3.ProcessingResponse) error {
 		got = append(got, proto.Clone(m).(*extprocv3.ProcessingResponse))
@@ -560,7 +560,7 @@ func TestWaitingQueueBounded(t *testing.T) {
 		done <- resp.StatusCode
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for r.srv.queues["p"].waiting.Load() == 0 {
+	for r.srv.live.Load().queues["p"].waiting.Load() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the second request never waited")
 		}
@@ -765,9 +765,10 @@ func TestSettlementIntoDebtReported(t *testing.T) {
 	}
 }
 
-// S11: a response that runs longer than its concurrency slot's lease
-// renews the slot, once per half lease, so the limit keeps counting it; a
-// request without slots starts no renewal.
+// S8, S11: a response that runs longer than its concurrency slot's lease
+// renews the slot and its reservation every third of the lease, so the
+// limit keeps counting it; a request without slots renews its reservation
+// every third of its lifetime (the stream idle limit).
 func TestLongStreamRenewsSlots(t *testing.T) {
 	clk := newFakeClock()
 	u := &upstream{Chunks: [][]byte{sse(words(3)...)}, Hang: true}
@@ -778,7 +779,8 @@ func TestLongStreamRenewsSlots(t *testing.T) {
 		if !slots {
 			pol.Concurrency = nil
 		}
-		r := newRig(t, u, rigOptions{policies: []Policy{pol}, clock: clk, store: buckets.NewMemory(buckets.MemoryOptions{Now: clk.now})})
+		r := newRig(t, u, rigOptions{policies: []Policy{pol}, clock: clk, idleTimeout: 3 * time.Minute,
+			store: buckets.NewMemory(buckets.MemoryOptions{Now: clk.now})})
 		req, err := http.NewRequest("POST", r.front.URL+chatPath, strings.NewReader(`{"model":"m","stream":true,"max_tokens":100,"messages":[]}`))
 		if err != nil {
 			t.Fatal(err)
@@ -790,8 +792,8 @@ func TestLongStreamRenewsSlots(t *testing.T) {
 		if _, err := resp.Body.Read(make([]byte, 1)); err != nil {
 			t.Fatal(err)
 		}
-		for range 10 { // five leases
-			clk.advance(30 * time.Second)
+		for range 30 { // five minutes: five leases, five thirds of the lifetime
+			clk.advance(10 * time.Second)
 		}
 		resp.Body.Close()
 		r.outcome(t)
@@ -799,10 +801,10 @@ func TestLongStreamRenewsSlots(t *testing.T) {
 		got := r.store.renewals
 		r.store.mu.Unlock()
 		switch {
-		case slots && got != 10:
-			t.Errorf("a stream open for five leases renewed its slot %d times, want 10 (every half lease)", got)
-		case !slots && got != 0:
-			t.Errorf("a request without slots renewed %d times", got)
+		case slots && got != 15:
+			t.Errorf("a stream open for five leases renewed %d times, want 15 (every third of the lease)", got)
+		case !slots && got != 5:
+			t.Errorf("a request without slots open for five thirds of its lifetime renewed %d times, want 5", got)
 		}
 		if n := clk.pending(); n != 0 {
 			t.Errorf("%d renewal timers left after settlement", n)
@@ -816,7 +818,10 @@ func TestMaxQueueZeroMeansNoneWait(t *testing.T) {
 	pol := Policy{Name: "p", MaxWait: 5 * time.Second, MaxQueue: 0,
 		Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 100, Rate: 100}}}}
 	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
-	r := newRig(t, u, rigOptions{policies: []Policy{pol}, maxMsgTimeout: 10 * time.Second})
+	// Envoy's 200 ms message timer is raised so that a loaded machine does
+	// not turn the refusal into a 504; a request that waited 0.8 s for its
+	// tokens would still be admitted within it.
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, maxMsgTimeout: 10 * time.Second, msgTimeout: 2 * time.Second})
 	body := `{"model":"m","max_tokens":80,"messages":[]}`
 	if resp, _ := r.post(t, chatPath, body, nil); resp.StatusCode != 200 {
 		t.Fatalf("first: %d", resp.StatusCode)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -14,19 +15,27 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/tokengate/tokengate/buckets"
 )
 
 // Server is the ext_proc gRPC service. Each Process call (one per HTTP
 // request) runs one processor on the stream's goroutine. A Server is safe for
-// concurrent use; its configuration is immutable after NewServer. Use
+// concurrent use. Its policies change only through Reload and its
+// per-identity overrides through SetOverrides, each swapped whole for new
+// requests; the rest of its configuration is immutable after NewServer. Use
 // NewServer; the zero value is not usable.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	cfg      Config
-	policies map[string]*Policy
-	queues   map[string]*waitQueue // requests waiting per policy (S12)
-	pauses   sync.Map              // bucket key → time.Time: provider pauses seen here (S18)
+	cfg Config
+	// live holds the policies of new requests; Reload replaces them, and a
+	// stream keeps those it started with. overrides holds the limits set
+	// per identity (SetOverrides). Both are immutable once stored.
+	live      atomic.Pointer[policySet]
+	overrides atomic.Pointer[Overrides]
+	reloadMu  sync.Mutex // serializes Reload
+	pauses    sync.Map   // bucket key → time.Time: provider pauses seen here (S18)
 
 	mu      sync.Mutex
 	closing bool
@@ -38,27 +47,12 @@ type Server struct {
 // configuration (package config); it fills defaults and refuses only a
 // missing Store or Counter.
 func NewServer(cfg Config) (*Server, error) {
-	cfg.Policies = append([]Policy(nil), cfg.Policies...)
-	for i := range cfg.Policies {
-		p := &cfg.Policies[i]
-		p.Identities = append([]Identity(nil), p.Identities...)
-		p.Buckets = append([]BucketRule(nil), p.Buckets...)
-		p.Concurrency = append([]ConcurrencyRule(nil), p.Concurrency...)
-	}
 	if err := cfg.normalize(); err != nil {
 		return nil, fmt.Errorf("extproc config: %w", err)
 	}
-	s := &Server{
-		cfg:      cfg,
-		policies: make(map[string]*Policy, len(cfg.Policies)),
-		queues:   make(map[string]*waitQueue, len(cfg.Policies)),
-		open:     map[*processor]struct{}{},
-	}
-	for i := range s.cfg.Policies {
-		p := &s.cfg.Policies[i]
-		s.policies[p.Name] = p
-		s.queues[p.Name] = &waitQueue{max: int64(p.MaxQueue)}
-	}
+	s := &Server{cfg: cfg, open: map[*processor]struct{}{}}
+	s.live.Store(newPolicySet(cfg.Policies, cfg.DefaultPolicy, nil))
+	s.overrides.Store(&Overrides{})
 	return s, nil
 }
 
@@ -155,7 +149,8 @@ func (s *Server) RecvLimit() int {
 }
 
 func (s *Server) start(ctx context.Context) (*processor, error) {
-	policy := s.cfg.DefaultPolicy
+	set := s.live.Load()
+	policy := set.defaultPolicy
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get(s.cfg.PolicyMetadataKey); len(v) > 0 && v[0] != "" {
 			policy = v[0]
@@ -169,7 +164,7 @@ func (s *Server) start(ctx context.Context) (*processor, error) {
 	if len(s.open) >= s.cfg.MaxStreams {
 		return nil, status.Error(codes.ResourceExhausted, "tokengate has the most streams open it allows")
 	}
-	p := newProcessor(ctx, s, policy)
+	p := newProcessor(ctx, s, set, policy)
 	s.open[p] = struct{}{}
 	s.wg.Add(1)
 	return p, nil
@@ -185,8 +180,11 @@ func (s *Server) stop(p *processor) {
 
 // Shutdown stops taking new streams and waits for the open ones to end
 // until ctx is done; then it settles every reservation still open (as an
-// aborted request: what was counted so far) and returns ctx's error. Call it
-// before grpc.Server.GracefulStop, and Stop the gRPC server afterwards.
+// aborted request: what was counted so far). Last, when the store settles
+// asynchronously (buckets.AsyncSettler), it flushes every settlement still
+// queued, waiting up to SettleTimeout for them. It returns ctx's error when
+// streams were still open, or the flush's. Call it before
+// grpc.Server.GracefulStop, and Stop the gRPC server afterwards.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
@@ -196,21 +194,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.wg.Wait()
 		close(done)
 	}()
+	var err error
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
+		s.mu.Lock()
+		open := make([]*processor, 0, len(s.open))
+		for p := range s.open {
+			open = append(open, p)
+		}
+		s.mu.Unlock()
+		for _, p := range open {
+			p.abandon()
+		}
+		err = ctx.Err()
 	}
-	s.mu.Lock()
-	open := make([]*processor, 0, len(s.open))
-	for p := range s.open {
-		open = append(open, p)
+	if as, ok := s.cfg.Store.(buckets.AsyncSettler); ok {
+		fctx, cancel := context.WithTimeout(context.Background(), s.cfg.SettleTimeout)
+		defer cancel()
+		if ferr := as.Flush(fctx); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("settlements still queued: %w", ferr))
+		}
 	}
-	s.mu.Unlock()
-	for _, p := range open {
-		p.abandon()
-	}
-	return ctx.Err()
+	return err
 }
 
 // pausedUntil returns the latest provider pause this server has seen for

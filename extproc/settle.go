@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
@@ -16,6 +17,10 @@ type charge struct {
 	// makes plausible and bound was charged instead.
 	reported, bound provider.Usage
 	clamped         bool
+	// usage is actual split as billed, which prices it; standing says the
+	// reservation stands as well, so it costs at least what it reserved.
+	usage    provider.Usage
+	standing bool
 }
 
 // settlement is what the request costs, and why (S8):
@@ -43,7 +48,7 @@ func (p *processor) settlement() charge {
 		if p.resp.usageOK && p.resp.usage.Total() > 0 && !p.duplex() {
 			return p.usageCharge(p.resp.usage, "cut_off")
 		}
-		return charge{actual: in + live, outcome: "cut_off"}
+		return charge{actual: in + live, outcome: "cut_off", usage: usageOf(in, live)}
 	case p.resp.status == 0:
 		return charge{outcome: "no_response"}
 	case p.resp.status >= 400:
@@ -60,7 +65,7 @@ func (p *processor) settlement() charge {
 	case p.resp.unread:
 		// Nothing after the unbounded event was read: the reservation
 		// stands, or what was counted before it when that is more.
-		return charge{actual: max(p.reservedTokens(), in+live), outcome: outcome}
+		return charge{actual: max(p.reservedTokens(), in+live), outcome: outcome, usage: usageOf(in, live), standing: true}
 	case p.resp.usageOK:
 		u := p.resp.usage
 		if !p.resp.eosSeen {
@@ -74,9 +79,9 @@ func (p *processor) settlement() charge {
 		}
 		return p.usageCharge(u, outcome)
 	case p.resp.sse:
-		return charge{actual: in + live, outcome: outcome}
+		return charge{actual: in + live, outcome: outcome, usage: usageOf(in, live)}
 	}
-	return charge{actual: p.reservedTokens(), outcome: outcome}
+	return charge{actual: p.reservedTokens(), outcome: outcome, standing: true}
 }
 
 // usageCharge charges reported usage, bounded by what the request makes
@@ -100,7 +105,7 @@ func (p *processor) usageCharge(u provider.Usage, outcome string) charge {
 	if u.OutputTokens > bound.OutputTokens {
 		u.OutputTokens, ch.clamped = bound.OutputTokens, true
 	}
-	ch.actual = u.Total()
+	ch.actual, ch.usage = u.Total(), u
 	return ch
 }
 
@@ -122,6 +127,10 @@ func (p *processor) settle() {
 	p.stopRenewal()
 	c := p.settlement()
 	p.st.actual, p.st.outcome, p.st.clamped = c.actual, c.outcome, c.clamped
+	if p.pol.charges() {
+		p.st.res.Spent = p.spent(c)
+	}
+	p.st.quotas = quotaCharges(p.st.res, float64(c.actual))
 	if c.clamped {
 		p.logAt(slog.LevelWarn, "implausible usage reported: the bound is settled instead",
 			"reported_input", c.reported.InputTokens, "reported_output", c.reported.OutputTokens,
@@ -132,8 +141,7 @@ func (p *processor) settle() {
 }
 
 // learn feeds the output of a complete answer back to the learned estimate
-// (S7), per choice: the estimate is multiplied by the choices of the
-// request that uses it.
+// (S7); the estimator divides it among the request's choices.
 func (p *processor) learn() {
 	if p.st.outcome != "complete" || p.resp.status != 200 || p.req.count.Model == "" {
 		return
@@ -147,21 +155,69 @@ func (p *processor) learn() {
 	case !p.resp.sse:
 		return // no usage, nothing counted: nothing learned
 	}
-	p.s.cfg.counter.Observe(p.policy, p.req.count.Model, out/max(1, p.req.count.Choices))
+	if p.req.capAdded && out >= p.req.allowance {
+		return // stopped by the cap clamp_output added, not by the model
+	}
+	p.s.cfg.counter.Observe(p.policy, p.req.count, out)
 }
 
-// settleStore calls the store; settleMu is held.
+// settleStore hands the settlement to the store; st.mu is held. A store
+// that settles asynchronously (buckets.AsyncSettler: the Redis store sends
+// it with its next call, a round trip less per request) answers later, from
+// another goroutine; finish waits for the answer before it reports, and
+// Shutdown flushes what is still queued. The store gets a copy of the
+// reservation, so p.st.res stays the stream's to read.
 func (p *processor) settleStore(actual int) {
-	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
-	defer cancel()
-	states, err := p.s.cfg.Store.Settle(ctx, p.st.res, float64(actual))
-	if err != nil {
-		p.logAt(slog.LevelError, "settlement failed", "reserved", p.reservedTokens(), "actual", actual, "err", err)
+	written := make(chan struct{})
+	p.st.written = written
+	r := *p.st.res
+	done := func(states []buckets.BucketState, err error) {
+		p.st.states, p.st.settleErr = states, err
+		close(written)
+	}
+	if as, ok := p.s.cfg.Store.(buckets.AsyncSettler); ok {
+		as.SettleAsync(&r, float64(actual), done)
 		return
 	}
-	for _, st := range states {
+	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
+	defer cancel()
+	done(p.s.cfg.Store.Settle(ctx, &r, float64(actual)))
+}
+
+// awaitSettlement waits, up to SettleTimeout, for the store to answer the
+// settlement, and reads its answer: the buckets it left in debt and those
+// whose floor forgave part of the usage. A settlement still unanswered then
+// is left to the store (Shutdown flushes it); the outcome then names no
+// bucket. It runs on the stream's goroutine, without st.mu.
+func (p *processor) awaitSettlement() {
+	p.st.mu.Lock()
+	written, reserved, actual := p.st.written, p.reservedTokens(), p.st.actual
+	p.st.mu.Unlock()
+	if written == nil {
+		return
+	}
+	t := time.NewTimer(p.s.cfg.SettleTimeout)
+	defer t.Stop()
+	select {
+	case <-written:
+	case <-t.C:
+		p.logAt(slog.LevelWarn, "settlement not answered in time; the store still holds it", "timeout", p.s.cfg.SettleTimeout)
+		return
+	}
+	// written is closed after states and settleErr are set, and nothing
+	// writes them again.
+	if err := p.st.settleErr; err != nil {
+		p.logAt(slog.LevelError, "settlement failed", "reserved", reserved, "actual", actual, "err", err)
+		return
+	}
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	for _, st := range p.st.states {
 		if st.Remaining < 0 {
 			p.st.inDebt = append(p.st.inDebt, st.Name)
+		}
+		if st.Forgiven > 0 {
+			p.st.forgiven = append(p.st.forgiven, st.Name)
 		}
 	}
 }
@@ -175,8 +231,13 @@ func (p *processor) abandon() {
 	}
 	p.st.settled = true
 	p.stopRenewal()
-	p.st.actual = int(p.st.input.Load() + p.st.output.Load())
+	in, out := int(p.st.input.Load()), int(p.st.output.Load())
+	p.st.actual = in + out
 	p.st.outcome = "shutdown"
+	if p.pol.charges() {
+		p.st.res.Spent = p.spent(charge{usage: usageOf(in, out)})
+	}
+	p.st.quotas = quotaCharges(p.st.res, float64(p.st.actual))
 	p.settleStore(p.st.actual)
 }
 
@@ -187,8 +248,9 @@ func (p *processor) finish() {
 	p.releaseOut()
 	p.releaseFramer()
 	p.settle()
+	p.awaitSettlement()
 	p.st.mu.Lock()
-	actual, outcome, settled, inDebt, clamped := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.clamped
+	actual, outcome, settled, inDebt, forgiven, clamped, quotas := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.forgiven, p.st.clamped, p.st.quotas
 	p.st.mu.Unlock()
 	level := slog.LevelInfo
 	if p.req.decision == "admitted" && outcome == "complete" || p.req.decision == "unmetered" {
@@ -218,6 +280,9 @@ func (p *processor) finish() {
 		if p.req.waited > 0 {
 			attrs = append(attrs, "waited", p.req.waited)
 		}
+		if len(forgiven) > 0 {
+			attrs = append(attrs, "forgiven", forgiven)
+		}
 		p.logAt(level, "request finished", attrs...)
 	}
 	if p.s.cfg.OnFinish != nil {
@@ -231,32 +296,41 @@ func (p *processor) finish() {
 			Output: int(p.st.output.Load()), Settled: actual, SettleOutcome: outcome,
 			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
 			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
-			Waited: p.req.waited, InDebt: inDebt, UsageClamped: clamped, StreamUnread: p.resp.unread,
+			Waited: p.req.waited, InDebt: inDebt, Forgiven: forgiven, UsageClamped: clamped, StreamUnread: p.resp.unread,
+			Quotas: quotas, Budget: p.req.budget,
 		})
 	}
 }
 
-// startRenewal starts renewing the request's concurrency slots on a timer,
-// every half of the shortest lease, until settlement: a request that stays
-// open longer than a slot's lease — a long stream, or a slow answer that
-// sends nothing for minutes — must keep its slot, or the limit would admit
-// more requests than it allows (S11).
+// startRenewal starts renewing the reservation and its concurrency slots
+// on a timer, every third of the shortest of their lifetimes (each slot's
+// lease, the reservation's Lifetime), until settlement; st.mu is held.
+// Every request renews, with or without slots: a request that stays open
+// longer than its reservation's lifetime — a long stream, or a slow answer
+// that sends nothing for minutes — must stay settleable (S8), and keep its
+// slots, or the limit would admit more requests than it allows (S11). A
+// renewal that fails is retried at the next, before anything expires.
 func (p *processor) startRenewal() {
 	if _, ok := p.s.cfg.Store.(buckets.Renewer); !ok {
 		return
 	}
+	shortest := p.st.res.LifetimeOrDefault()
 	for _, sl := range p.st.res.Slots {
-		if half := sl.LeaseOrDefault() / 2; p.st.renewIn == 0 || half < p.st.renewIn {
-			p.st.renewIn = half
-		}
+		shortest = min(shortest, sl.LeaseOrDefault())
 	}
+	p.st.renewIn = shortest / renewalsPerLifetime
 	if p.st.renewIn > 0 {
 		p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
 	}
 }
 
-// renew renews the slots from the renewal timer, unless the reservation
-// is settled meanwhile, and sets the next timer.
+// renewalsPerLifetime is how many renewals fall within the shortest
+// lifetime of a reservation and its slots: with three, one renewal may fail
+// and the next still lands in time.
+const renewalsPerLifetime = 3
+
+// renew renews the reservation and its slots from the renewal timer,
+// unless the reservation is settled meanwhile, and sets the next timer.
 func (p *processor) renew() {
 	p.st.mu.Lock()
 	defer p.st.mu.Unlock()
@@ -266,7 +340,7 @@ func (p *processor) renew() {
 	ctx, cancel := p.storeCtx(p.s.cfg.SettleTimeout)
 	defer cancel()
 	if err := p.s.cfg.Store.(buckets.Renewer).Renew(ctx, p.st.res); err != nil {
-		p.logAt(slog.LevelWarn, "concurrency slots not renewed; they expire with their lease unless the next renewal succeeds", "err", err)
+		p.logAt(slog.LevelWarn, "reservation not renewed; it and its slots expire unless the next renewal succeeds", "err", err)
 	}
 	p.st.renewal = p.s.cfg.afterFunc(p.st.renewIn, p.renew)
 }

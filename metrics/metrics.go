@@ -1,7 +1,7 @@
 // Package metrics exports what tokengate does as Prometheus metrics (S24):
 // decisions by reason, tokens reserved and settled, the estimate error, cut-
-// offs, stream outcomes, and the bucket store's latency, errors and fallback
-// answers.
+// offs, stream outcomes, spend and exhaustion of quotas, and the bucket
+// store's latency, errors and fallback answers.
 //
 // Labels come from configuration names only (policy, model family, store
 // operation), never from users or API keys, so their number stays bounded.
@@ -10,6 +10,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -41,6 +42,9 @@ type Metrics struct {
 	fallbackRate  prometheus.Gauge
 	clamped       *prometheus.CounterVec
 	unread        *prometheus.CounterVec
+	quotaTokens   *prometheus.CounterVec
+	quotaMoney    *prometheus.CounterVec
+	exhausted     *prometheus.CounterVec
 }
 
 // New registers tokengate's collectors on reg.
@@ -48,7 +52,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_requests_total",
-			Help: "Requests by policy and decision (admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error, unmetered).",
+			Help: "Requests by policy and decision (admitted, refused_tokens, refused_requests, refused_budget, never_admissible, bad_request, unauthorized, store_error, unmetered).",
 		}, []string{"policy", "decision"}),
 		reserved: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_tokens_reserved_total",
@@ -117,6 +121,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tokengate_streams_unread_total",
 			Help: "Streams forwarded unread after one server-sent event passed the size bound; settled at the reservation.",
 		}, []string{"policy"}),
+		quotaTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_quota_spent_tokens_total",
+			Help: "Tokens charged to quotas of tokens at settlement, by policy and quota.",
+		}, []string{"policy", "quota"}),
+		quotaMoney: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_quota_spent_micros_total",
+			Help: "Money charged to quotas of money at settlement, in micro-units of the pricing currency (1,000,000 to the unit), by policy and quota.",
+		}, []string{"policy", "quota"}),
+		exhausted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_quota_exhausted_total",
+			Help: "Requests refused by a quota: its window had too little left (429, refused_budget) or the request could cost more than the whole budget (413, never_admissible), by policy and quota.",
+		}, []string{"policy", "quota"}),
 	}
 	m.gateways = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tokengate_fleet_gateways",
@@ -128,7 +144,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	})
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
 		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven,
-		m.gateways, m.fallbackRate, m.clamped, m.unread)
+		m.gateways, m.fallbackRate, m.clamped, m.unread, m.quotaTokens, m.quotaMoney, m.exhausted)
 	m.storeUp.Set(1)
 	return m
 }
@@ -141,6 +157,16 @@ func (m *Metrics) Finish(o extproc.Outcome) {
 	m.requests.WithLabelValues(o.Policy, o.Decision).Inc()
 	if o.FallbackEncoding {
 		m.fallbackEnc.WithLabelValues(o.Policy).Inc()
+	}
+	if o.Budget != "" {
+		m.exhausted.WithLabelValues(o.Policy, o.Budget).Inc()
+	}
+	for _, q := range o.Quotas {
+		if q.Money {
+			m.quotaMoney.WithLabelValues(o.Policy, q.Name).Add(q.Amount)
+		} else {
+			m.quotaTokens.WithLabelValues(o.Policy, q.Name).Add(q.Amount)
+		}
 	}
 	if o.Reserved == 0 && o.Settled == 0 {
 		return
@@ -324,4 +350,19 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	err := rn.Renew(ctx, r)
 	s.observe("renew", start, err)
 	return err
+}
+
+var _ buckets.Inspector = (*Store)(nil)
+
+// Inspect implements buckets.Inspector; a wrapped store that cannot inspect
+// answers an error wrapping errors.ErrUnsupported.
+func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error) {
+	in, ok := s.Store.(buckets.Inspector)
+	if !ok {
+		return nil, nil, fmt.Errorf("metrics: inspect: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	st, q, err := in.Inspect(ctx, bs, qs)
+	s.observe("inspect", start, err)
+	return st, q, err
 }

@@ -23,7 +23,7 @@ func TestFinish(t *testing.T) {
 	m.Finish(extproc.Outcome{Policy: "default", Decision: "refused_tokens", Model: "gpt-4o"})
 
 	want := `
-# HELP tokengate_requests_total Requests by policy and decision (admitted, refused_tokens, refused_requests, never_admissible, bad_request, unauthorized, store_error, unmetered).
+# HELP tokengate_requests_total Requests by policy and decision (admitted, refused_tokens, refused_requests, refused_budget, never_admissible, bad_request, unauthorized, store_error, unmetered).
 # TYPE tokengate_requests_total counter
 tokengate_requests_total{decision="admitted",policy="default"} 2
 tokengate_requests_total{decision="refused_tokens",policy="default"} 1
@@ -156,5 +156,48 @@ tokengate_streams_unread_total{policy="p"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tokengate_usage_clamped_total", "tokengate_streams_unread_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// Quotas: spend per policy and quota, tokens and money apart, and the
+// requests a quota refused; labels are configuration names only.
+func TestQuotaSpendAndExhaustion(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	charges := []extproc.QuotaCharge{{Name: "team-monthly", Money: true, Amount: 1_564_000}, {Name: "key-daily", Amount: 40}}
+	m.Finish(extproc.Outcome{Policy: "teams", Decision: "admitted", Reserved: 28, Settled: 40, SettleOutcome: "cut_off", CutOff: true, Quotas: charges})
+	m.Finish(extproc.Outcome{Policy: "teams", Decision: "admitted", Reserved: 10, Settled: 10, SettleOutcome: "complete", Quotas: charges})
+	m.Finish(extproc.Outcome{Policy: "teams", Decision: "refused_budget", Budget: "team-monthly"})
+	m.Finish(extproc.Outcome{Policy: "teams", Decision: "never_admissible", Budget: "key-daily"})
+	m.Finish(extproc.Outcome{Policy: "teams", Decision: "refused_budget", Budget: "team-monthly"})
+	want := `
+# HELP tokengate_quota_spent_tokens_total Tokens charged to quotas of tokens at settlement, by policy and quota.
+# TYPE tokengate_quota_spent_tokens_total counter
+tokengate_quota_spent_tokens_total{policy="teams",quota="key-daily"} 80
+# HELP tokengate_quota_spent_micros_total Money charged to quotas of money at settlement, in micro-units of the pricing currency (1,000,000 to the unit), by policy and quota.
+# TYPE tokengate_quota_spent_micros_total counter
+tokengate_quota_spent_micros_total{policy="teams",quota="team-monthly"} 3.128e+06
+# HELP tokengate_quota_exhausted_total Requests refused by a quota: its window had too little left (429, refused_budget) or the request could cost more than the whole budget (413, never_admissible), by policy and quota.
+# TYPE tokengate_quota_exhausted_total counter
+tokengate_quota_exhausted_total{policy="teams",quota="key-daily"} 1
+tokengate_quota_exhausted_total{policy="teams",quota="team-monthly"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"tokengate_quota_spent_tokens_total", "tokengate_quota_spent_micros_total", "tokengate_quota_exhausted_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// An instrumented store inspects through the store it wraps, timed.
+func TestInspectThroughInstrumentedStore(t *testing.T) {
+	m := New(prometheus.NewRegistry())
+	s := m.Instrument(buckets.NewMemory(buckets.MemoryOptions{}))
+	b := buckets.Bucket{Name: "b", Key: "b", Limit: buckets.Limit{Capacity: 10, Rate: 1}}
+	states, quotas, err := s.Inspect(context.Background(), []buckets.Bucket{b}, nil)
+	if err != nil || len(states) != 1 || states[0].Remaining != 10 || len(quotas) != 0 {
+		t.Fatalf("Inspect = %+v, %+v, %v", states, quotas, err)
+	}
+	if n := testutil.CollectAndCount(m.storeLatency); n != 1 {
+		t.Errorf("latency series = %d, want 1 (inspect)", n)
 	}
 }

@@ -11,15 +11,22 @@ const (
 	Embeddings      API = "embeddings"  // OpenAI /v1/embeddings
 	Responses       API = "responses"   // OpenAI /v1/responses
 	Messages        API = "messages"    // Anthropic /v1/messages
-	Gemini          API = "gemini"      // Gemini generateContent / streamGenerateContent
+	// Gemini covers generateContent and streamGenerateContent, and the
+	// embedContent and batchEmbedContents endpoints (Count.Embedding).
+	Gemini API = "gemini"
 )
 
-// Errors that cross package lines. Each is wrapped with a specific message.
+// Errors that cross package lines. Each is wrapped with a specific message
+// that names body fields and byte offsets, never values from the body, so
+// it is safe to log and to return to the client.
 var (
 	ErrMalformed    = errors.New("malformed request body")
 	ErrUnknownAPI   = errors.New("unknown API shape")
 	ErrUnknownModel = errors.New("unknown model and no fallback encoding configured")
 	ErrInvalidCap   = errors.New("invalid output token cap")
+	// ErrFreeEndpoint is returned by Count for a path that Classify calls
+	// Free: the request generates nothing, so there is nothing to count.
+	ErrFreeEndpoint = errors.New("endpoint generates no tokens")
 )
 
 // Request is one request body to count.
@@ -45,30 +52,75 @@ const (
 	FromDefault AllowanceSource = "default" // the configured default
 )
 
-// Count is what a request will cost before it is forwarded (S7).
+// Count is what a request will cost before it is forwarded (S7). It is
+// plain data.
 type Count struct {
-	API      API
-	Model    string
+	API API
+	// Model is the model the request names (Request.Model, else the body,
+	// else the path; for Gemini the path first), as written.
+	Model string
+	// ModelKey is the model the provider bills and rate-limits, in a
+	// canonical spelling to key per-model buckets and the learned
+	// estimate: lower case, without a router prefix (openai/) or
+	// fine-tune wrapping (ft:…:org::id), without a dated snapshot suffix
+	// (gpt-4o-2024-08-06 → gpt-4o, claude-3-5-sonnet-20241022 →
+	// claude-3-5-sonnet, gemini-1.5-pro-002 → gemini-1.5-pro); for Azure
+	// the deployment in the path. Names longer than 64 bytes or with
+	// characters outside [a-z0-9._:-] are replaced by a hash, so a client
+	// cannot grow a key. Empty when the request names no model.
+	ModelKey string
 	Encoding string
 	// Fallback is true when the model was unknown and the configured
 	// fallback encoding was used.
 	Fallback bool
 	// Exact is false for families whose tokenizer is not public
 	// (Anthropic, Gemini): InputTokens is then a conservative estimate.
-	Exact           bool
-	InputTokens     int
-	OutputCap       int // the largest cap in the body, 0 when none
+	Exact       bool
+	InputTokens int
+	// OutputCap is the largest per-choice cap in the body, 0 when none.
+	OutputCap int
+	// OutputAllowance is what the whole request may generate:
+	// ChoiceAllowance × Choices.
 	OutputAllowance int
 	AllowanceSource AllowanceSource
-	Stream          bool
+	// Choices is how many outputs the request generates, each up to its
+	// own cap: chat n, Gemini candidateCount, completions prompts × the
+	// larger of n and best_of; 1 otherwise.
+	Choices int
+	// ChoiceAllowance is the output allowance of one choice: the cap, the
+	// learned estimate or the default. 0 for embeddings.
+	ChoiceAllowance int
+	// Embedding is true for requests that generate no output (OpenAI
+	// embeddings, Gemini embedContent and batchEmbedContents).
+	Embedding bool
+	// CapFields lists the output-cap fields the body sets (not null), as
+	// dotted paths in the body's own spelling ("max_tokens",
+	// "generationConfig.maxOutputTokens", "generation_config.max_output_tokens").
+	CapFields []string
+	// AddCapField is the field to add to cap the output when CapFields is
+	// empty, in the spelling the body uses; "" for embeddings.
+	AddCapField string
+	// CapFloor is the least cap the provider accepts: 16 for Responses,
+	// thinking.budget_tokens + 1 for Anthropic extended thinking, else 1.
+	CapFloor int
+	Stream   bool
 	// IncludeUsage reports whether an OpenAI streaming request already asked
 	// for stream_options.include_usage.
 	IncludeUsage bool
-	// Choices is how many completions the output allowance covers (n,
-	// best_of, candidateCount, times the prompts of a completions batch);
-	// 0 means 1. Per-choice output is the output divided by it.
-	Choices int
 }
 
 // Reservation is the number of tokens to reserve: input plus output allowance.
 func (c Count) Reservation() int { return c.InputTokens + c.OutputAllowance }
+
+// ChoiceCap returns the per-choice cap that keeps the whole request's
+// output within total tokens, the value clamp_output writes into each of
+// CapFields (lowering, never raising, what the client set) or into
+// AddCapField: total / Choices, rounded down, but never below CapFloor.
+// ok is false for requests without an output cap to write (embeddings).
+func (c Count) ChoiceCap(total int) (perChoice int, ok bool) {
+	if c.Embedding || c.AddCapField == "" && len(c.CapFields) == 0 {
+		return 0, false
+	}
+	perChoice = total / max(c.Choices, 1)
+	return max(perChoice, c.CapFloor, 1), true
+}

@@ -16,7 +16,7 @@ import (
 //
 //	go test ./tokenizer -run '^$' -bench CountText -benchmem
 func BenchmarkCountText(b *testing.B) {
-	classes := []string{"prose", "code", "json", "cjk"}
+	classes := []string{"prose", "code", "json", "cjk", "emoji", "marks", "random", "mixed"}
 	hostile := []string{"letters", "spaces", "base64", "cjk-nospace"}
 	sizes := []struct {
 		name string

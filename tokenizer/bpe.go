@@ -63,12 +63,14 @@ type recentRanks struct {
 	ranks [1 << recentBits]int32
 }
 
-// mergeRank is rank for BPE merges, through the worker's recent table.
-func (v *vocab) mergeRank(w *worker, s string) int32 {
-	if len(s) > shortMax {
-		return v.rank(s)
+// mergeRank is rank for BPE merges of p[a:b], through the worker's recent
+// table.
+func (v *vocab) mergeRank(w *worker, p string, a, b int32) int32 {
+	n := b - a
+	if n > shortMax {
+		return v.rank(p[a:b])
 	}
-	k := packShort(s)
+	k := packShort(p[a:b])
 	if !v.mayBeShort(k) {
 		return noRank
 	}
@@ -90,6 +92,26 @@ func newWorker() *worker {
 	return &worker{}
 }
 
+// maxKeptPiece is the longest piece whose merge scratch a worker keeps
+// for the next call. A longer piece (one run of a letter, a CJK text
+// without punctuation) allocates its own, which is garbage once counted,
+// so that a pooled worker holds at most ~450 KB of scratch besides its
+// ~350 KB of caches whatever it counted (TestWorkerMemoryBounded).
+const maxKeptPiece = 16 << 10
+
+// trim drops scratch grown past what maxKeptPiece needs.
+func (w *worker) trim() {
+	if cap(w.next) > maxKeptPiece+1 {
+		w.next, w.prev = nil, nil
+	}
+	if cap(w.tree) > 2*maxKeptPiece {
+		w.tree = nil
+	}
+	if cap(w.starts) > maxKeptPiece+1 {
+		w.starts = nil
+	}
+}
+
 // rank returns the rank of s, or noRank.
 func (v *vocab) rank(s string) int32 {
 	if len(s) <= shortMax {
@@ -104,6 +126,9 @@ func (v *vocab) rank(s string) int32 {
 		}
 		return noRank
 	}
+	if !v.mayBeLong(s) {
+		return noRank
+	}
 	if r, ok := v.ranks[s]; ok {
 		return r
 	}
@@ -111,9 +136,11 @@ func (v *vocab) rank(s string) int32 {
 }
 
 // countText returns the number of tokens of text, encoded as ordinary text
-// (special-token strings are plain text).
+// (special-token strings are plain text). Invalid UTF-8 counts as if each
+// invalid byte were U+FFFD (see sanitize); the pre-tokenizers split raw
+// text into the same pieces, so only a piece that holds such bytes is
+// rewritten, by countPiece.
 func (v *vocab) countText(w *worker, text string) int {
-	text = sanitize(text)
 	n := 0
 	for i := 0; i < len(text); {
 		e, _ := v.split(text, i)
@@ -123,8 +150,10 @@ func (v *vocab) countText(w *worker, text string) int {
 	return n
 }
 
-// sanitize maps invalid UTF-8 bytes to U+FFFD one by one, as tiktoken-go's
-// rune conversion does, so counts agree on any input.
+// sanitize maps invalid UTF-8 bytes to U+FFFD one by one, as Go's
+// conversion to runes does (and tiktoken-go with it). Text that reaches
+// OpenAI's tiktoken is always valid Unicode, so this only has to be a
+// consistent choice, and counts stay defined on any input.
 func sanitize(s string) string {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= 0x80 {
@@ -137,20 +166,31 @@ func sanitize(s string) string {
 	return s
 }
 
+// countPiece counts the tokens of piece p, which may hold invalid UTF-8.
 func (v *vocab) countPiece(w *worker, p string) int {
 	switch len(p) {
 	case 1:
-		return 1
+		if p[0] < 0x80 {
+			return 1
+		}
+		return v.countPiece(w, sanitize(p))
 	case 2:
+		if p[0]|p[1] >= 0x80 && charLen(p, 0) != 2 {
+			return v.countPiece(w, sanitize(p))
+		}
 		if v.pair[int(p[0])<<8|int(p[1])] != noRank {
 			return 1
 		}
 		return 2
 	}
 	w.work++
-	if v.rank(p) != noRank {
+	// A piece that is a token is one token, unless the token is a
+	// fragment of a character: then the piece holds invalid UTF-8.
+	if r := v.rank(p); r != noRank && v.valid[r>>6]&(1<<(r&63)) != 0 {
 		return 1
 	}
+	// The cache is keyed by the raw piece: invalid bytes map to U+FFFD
+	// the same way every time.
 	var slot *cacheSlot
 	if len(p) <= cacheMaxPiece {
 		c := w.cache[v.id]
@@ -171,6 +211,29 @@ func (v *vocab) countPiece(w *worker, p string) int {
 	return n
 }
 
+// charLen returns the length of the valid UTF-8 sequence of two to four
+// bytes at p[i], or 0.
+func charLen(p string, i int) int {
+	b := p[i]
+	switch {
+	case b-0xC2 < 0x1E:
+		if i+1 < len(p) && isCont(p[i+1]) {
+			return 2
+		}
+	case b-0xE0 < 0x10:
+		if i+2 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) &&
+			(b != 0xE0 || p[i+1] >= 0xA0) && (b != 0xED || p[i+1] < 0xA0) {
+			return 3
+		}
+	case b-0xF0 < 5:
+		if i+3 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) && isCont(p[i+3]) &&
+			(b != 0xF0 || p[i+1] >= 0x90) && (b != 0xF4 || p[i+1] < 0x90) {
+			return 4
+		}
+	}
+	return 0
+}
+
 // encodePiece appends the ranks of p's tokens to dst.
 func (v *vocab) encodePiece(w *worker, p string, dst []int) []int {
 	if r, ok := v.ranks[p]; ok {
@@ -187,28 +250,21 @@ const scanParts = 64
 // merge is tiktoken's byte-pair merge of p: repeatedly merge the adjacent
 // pair of parts of lowest rank (leftmost on ties). It returns the number of
 // tokens and, when out is not nil, appends them. Short pieces are merged
-// with a scan, long ones with a tournament tree; characters that are one
-// token start as one part when that provably changes nothing (premerge.go).
+// with a scan, long ones with a tournament tree; a piece with non-ASCII
+// characters is cut around those that BPE never joins with their
+// neighbours, and characters that are one token start as one part, when
+// that provably changes nothing (premerge.go).
 func (v *vocab) merge(w *worker, p string, out *[]int) int {
-	ascii := true
 	for i := 0; i < len(p); i++ {
 		if p[i] >= 0x80 {
-			ascii = false
-			break
+			return v.mergeChars(w, p, out)
 		}
 	}
-	if !ascii {
-		if cap(w.starts) < len(p)+1 {
-			w.starts = make([]int32, 0, len(p)+1)
-		}
-		starts, whole := v.partStarts(p, w.starts)
-		if whole {
-			if len(starts)-1 <= scanParts {
-				return v.mergeScan(w, p, starts, out)
-			}
-			return v.mergeLarge(w, p, starts, out)
-		}
-	}
+	return v.mergeBytes(w, p, out)
+}
+
+// mergeBytes merges p from one part per byte.
+func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
 	if len(p) <= smallPiece {
 		var startBuf [smallPiece + 1]int32
 		var rankBuf [smallPiece]int32
@@ -225,12 +281,118 @@ func (v *vocab) merge(w *worker, p string, out *[]int) int {
 	return v.mergeLarge(w, p, nil, out)
 }
 
+// mergeChars merges p, which has non-ASCII characters, segment by
+// segment (invalid UTF-8 first becomes U+FFFD, see sanitize): a separate
+// character that no token cuts ends a segment and adds its own tokens;
+// inside a segment, a character that may start whole and that no token
+// cuts is one part, others one part per byte (premerge.go).
+func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
+	if cap(w.starts) < len(p)+1 {
+		w.starts = make([]int32, 0, len(p)+1)
+	}
+	starts := w.starts[:0]
+	n, seg, whole := 0, 0, false
+	outLen := 0
+	if out != nil {
+		outLen = len(*out)
+	}
+	for i := 0; i < len(p); {
+		b := p[i]
+		if b < 0x80 {
+			starts = append(starts, int32(i-seg))
+			i++
+			continue
+		}
+		var ci charInfo
+		size := charLen(p, i)
+		switch size {
+		case 2:
+			ci = v.chars[rune(b&0x1F)<<6|rune(p[i+1]&0x3F)]
+		case 3:
+			ci = v.chars[rune(b&0x0F)<<12|rune(p[i+1]&0x3F)<<6|rune(p[i+2]&0x3F)]
+		case 4:
+			ci = v.suppInfo(p[i : i+4])
+		default: // invalid UTF-8: start again with U+FFFD for it
+			if out != nil {
+				*out = (*out)[:outLen]
+			}
+			return v.mergeChars(w, sanitize(p), out)
+		}
+		// Whether a token cuts the character: the filters of vocab.near
+		// clear most characters here, the rest in uncut.
+		uncut := ci.rank != -1
+		if uncut && (ci.after != 0 && i+size < len(p) && v.near[ci.after].has(p[i+size]) ||
+			ci.before != 0 && i > 0 && v.near[ci.before].has(p[i-1])) {
+			uncut = v.uncut(p, i, size, ci)
+		}
+		switch {
+		case uncut && ci.rank >= 0:
+			starts = append(starts, int32(i-seg))
+			whole = true
+		case uncut:
+			if seg < i {
+				n += v.mergeSegment(w, p[seg:i], starts, whole, out)
+			}
+			n += ci.sepTokens()
+			if out != nil {
+				v.mergeBytes(w, p[i:i+size], out)
+			}
+			seg, starts, whole = i+size, starts[:0], false
+		default:
+			for k := range size {
+				starts = append(starts, int32(i+k-seg))
+			}
+		}
+		i += size
+	}
+	return n + v.mergeSegment(w, p[seg:], starts, whole, out)
+}
+
+// mergeSegment merges s from the parts that start at starts, which are
+// bytes unless whole.
+func (v *vocab) mergeSegment(w *worker, s string, starts []int32, whole bool, out *[]int) int {
+	switch len(s) {
+	case 0:
+		return 0
+	case 1:
+		if out != nil {
+			*out = append(*out, int(v.bytes[s[0]]))
+		}
+		return 1
+	case 2:
+		if r := v.pair[int(s[0])<<8|int(s[1])]; r != noRank {
+			if out != nil {
+				*out = append(*out, int(r))
+			}
+			return 1
+		}
+		if out != nil {
+			*out = append(*out, int(v.bytes[s[0]]), int(v.bytes[s[1]]))
+		}
+		return 2
+	}
+	switch {
+	case !whole:
+		return v.mergeBytes(w, s, out)
+	case len(starts) == 1:
+		if out != nil {
+			*out = append(*out, int(v.rank(s)))
+		}
+		return 1
+	}
+	starts = append(starts, int32(len(s)))
+	if len(starts)-1 <= scanParts {
+		return v.mergeScan(w, s, starts, out)
+	}
+	return v.mergeLarge(w, s, starts, out)
+}
+
 // joinRank returns the rank of p[a:b], the join of two adjacent parts.
 func (v *vocab) joinRank(w *worker, p string, a, b int32) int32 {
 	if b-a == 2 {
 		return v.pair[int(p[a])<<8|int(p[a+1])]
 	}
-	return v.mergeRank(w, p[a:b])
+	return v.mergeRank(w, p, a, b)
 }
 
 // mergeScan merges the parts of p that start at starts (parts+1
@@ -264,17 +426,21 @@ func (v *vocab) scan(w *worker, p string, starts, ranks []int32, out *[]int) int
 		}
 		w.work++
 		// merge parts mi and mi+1
-		copy(starts[mi+1:parts], starts[mi+2:parts+1])
-		copy(ranks[mi+1:parts-1], ranks[mi+2:parts])
+		for j := mi + 1; j < parts; j++ {
+			starts[j] = starts[j+1]
+		}
+		for j := mi + 1; j < parts-1; j++ {
+			ranks[j] = ranks[j+1]
+		}
 		parts--
 		ranks[parts-1] = noRank
 		if mi+1 < parts {
-			ranks[mi] = v.mergeRank(w, p[starts[mi]:starts[mi+2]])
+			ranks[mi] = v.mergeRank(w, p, starts[mi], starts[mi+2])
 		} else {
 			ranks[mi] = noRank
 		}
 		if mi > 0 {
-			ranks[mi-1] = v.mergeRank(w, p[starts[mi-1]:starts[mi+1]])
+			ranks[mi-1] = v.mergeRank(w, p, starts[mi-1], starts[mi+1])
 		}
 	}
 	if out != nil {
@@ -370,13 +536,13 @@ func (v *vocab) mergeLarge(w *worker, p string, starts []int32, out *[]int) int 
 		update(mid, none)
 		if end < int32(n) {
 			prev[end] = pos
-			update(pos, key(v.mergeRank(w, p[pos:next[end]]), pos))
+			update(pos, key(v.mergeRank(w, p, pos, next[end]), pos))
 		} else {
 			update(pos, none)
 		}
 		if pos > 0 {
 			pp := prev[pos]
-			update(pp, key(v.mergeRank(w, p[pp:end]), pp))
+			update(pp, key(v.mergeRank(w, p, pp, end), pp))
 		}
 	}
 	if out != nil {

@@ -9,11 +9,14 @@
 // hand-written (no backtracking regexp), short pieces are merged with the
 // usual quadratic scan, long ones with a tournament tree, characters that
 // are one token start as one part where that provably changes nothing, and
-// piece counts are cached. Counts are identical to tiktoken-go's EncodeOrdinary; special-token
-// strings in user text are counted as text.
+// piece counts are cached. Counts are identical to OpenAI's tiktoken
+// (encode_ordinary), whose split patterns see Unicode 16.0: the character
+// classes are generated from that version's data, not taken from Go's
+// older unicode package. Special-token strings in user text are counted as
+// text.
 //
 // For Anthropic and Gemini, whose tokenizers are not public, InputTokens is
-// a conservative estimate (Count.Exact is false); see the repository README for how far
+// a conservative estimate (Count.Exact is false); docs/tokenizer.md says how far
 // it is from recorded usage.
 package tokenizer
 
@@ -82,7 +85,6 @@ func New(opts Options) (*Counter, error) {
 		return nil, err
 	}
 	initClasses()
-	pretouch()
 	return &Counter{opts: opts, est: est, workers: make(chan *worker, 2*runtime.GOMAXPROCS(0))}, nil
 }
 
@@ -116,6 +118,7 @@ func (c *Counter) getWorker() *worker {
 }
 
 func (c *Counter) putWorker(w *worker) {
+	w.trim()
 	select {
 	case c.workers <- w:
 	default:

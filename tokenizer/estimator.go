@@ -91,14 +91,24 @@ func newEstimator(o EstimatorOptions) (*estimator, error) {
 	}, nil
 }
 
-// Observe feeds back the settled completion length of a request of policy
-// and model, so later requests without a cap reserve what comparable
-// requests really used. Negative lengths are ignored.
-func (c *Counter) Observe(policy, model string, completionTokens int) {
-	if completionTokens < 0 {
+// Observe feeds back what a settled request generated, so that later
+// requests without a cap reserve what comparable requests really used
+// (S7). n is the request's Count; outputTokens is its whole output as the
+// provider reported it (or as counted live), over all its choices.
+//
+// The estimate is kept per policy and n.ModelKey, per choice: outputTokens
+// is divided by n.Choices (rounded up), because Count multiplies the
+// estimate by the choices of the next request. Only requests that carried
+// no cap of their own teach the estimate (a capped output is cut at the
+// client's cap, which says nothing about the length of uncapped ones, and
+// embeddings have no output); negative lengths and requests without a
+// model are ignored.
+func (c *Counter) Observe(policy string, n Count, outputTokens int) {
+	if outputTokens < 0 || n.ModelKey == "" || n.AllowanceSource == FromRequest {
 		return
 	}
-	c.est.observe(estKey{policy, normalizeModel(model)}, completionTokens)
+	choices := max(n.Choices, 1)
+	c.est.observe(estKey{policy, n.ModelKey}, (outputTokens+choices-1)/choices)
 }
 
 func (e *estimator) observe(k estKey, n int) {

@@ -103,7 +103,7 @@ func TestRecordedGroundTruth(t *testing.T) {
 	}
 }
 
-// approxBound is the tolerance the repository README states for the recorded cases
+// approxBound is the tolerance docs/tokenizer.md states for the recorded cases
 // marked approximate: the Responses API, gpt-5 family framing and tool
 // definitions, whose rendering OpenAI does not document: 8 tokens or 5%,
 // whichever is larger.
@@ -130,7 +130,7 @@ func TestRecordedApproximate(t *testing.T) {
 	}
 }
 
-// TestEstimateTable prints the accuracy table of the repository README (go test -run
+// TestEstimateTable prints the accuracy table of docs/tokenizer.md (go test -run
 // TestEstimateTable -v) and checks that estimates for Anthropic and Gemini
 // rarely undercount.
 func TestEstimateTable(t *testing.T) {

@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // Input classes for benchmarks and the linearity test. Realistic classes
@@ -26,6 +28,125 @@ func cjkText(n int, rng *rand.Rand, punct bool) string {
 		b.WriteRune(runes[rng.IntN(len(runes))])
 		if punct && rng.IntN(18) == 0 {
 			b.WriteString("。")
+		}
+	}
+	return b.String()
+}
+
+// emojis are single emoji, skin-tone modified, ZWJ sequences, flags and
+// keycaps: what chat text holds.
+var emojis = strings.Fields("😀 😂 🥲 😍 🤔 🙄 😭 😡 👍 👍🏽 👎🏿 👋🏻 🙏 👏🏼 💪🏾 🎉 🔥 ✨ ❤️ 💔 ✅ ❌ ⚠️ 🚀 🌍 🍕 ☕ 🐱 🐶 🦄 " +
+	"👨‍👩‍👧 👩🏽‍💻 🧑‍🚀 🏳️‍🌈 ❤️‍🔥 🇳🇱 🇯🇵 🇺🇸 🇧🇷 1️⃣ #️⃣ 🫠 🫶🏻 🪿")
+
+// emojiText is emoji, mostly in runs, between short words and spaces.
+func emojiText(n int, rng *rand.Rand) string {
+	words := strings.Fields("ok lol yes no wow thanks love this great so fun")
+	var b strings.Builder
+	for b.Len() < n {
+		for range 1 + rng.IntN(4) {
+			b.WriteString(emojis[rng.IntN(len(emojis))])
+		}
+		switch rng.IntN(3) {
+		case 0:
+			b.WriteString(" " + words[rng.IntN(len(words))] + " ")
+		case 1:
+			b.WriteString(" ")
+		}
+	}
+	return b.String()
+}
+
+// marksText is words whose letters carry combining marks: decomposed
+// Latin with one or two diacritics, and heavier stacks ("zalgo").
+func marksText(n int, rng *rand.Rand) string {
+	const letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	var b strings.Builder
+	for b.Len() < n {
+		heavy := rng.IntN(4) == 0
+		for range 2 + rng.IntN(8) {
+			b.WriteByte(letters[rng.IntN(len(letters))])
+			marks := rng.IntN(2)
+			if heavy {
+				marks = 1 + rng.IntN(6)
+			}
+			for range marks {
+				b.WriteRune(rune(0x300 + rng.IntN(0x70)))
+			}
+		}
+		b.WriteByte(" .,\n"[rng.IntN(4)])
+	}
+	return b.String()
+}
+
+// randomRunes is code points drawn uniformly from those Go's unicode
+// tables assign (letters, marks, numbers, punctuation, symbols, spaces of
+// every script and plane; no private use).
+func randomRunes(n int, rng *rand.Rand) string {
+	var b strings.Builder
+	for b.Len() < n {
+		r := rune(rng.IntN(0x32000))
+		if unicode.In(r, unicode.L, unicode.M, unicode.N, unicode.P, unicode.S, unicode.Z) {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// alphabets are the basic letters (and vowel signs) of a dozen scripts,
+// for mixedText.
+var alphabets = func() [][]rune {
+	span := func(rs []rune, lo, hi rune) []rune {
+		for r := lo; r <= hi; r++ {
+			rs = append(rs, r)
+		}
+		return rs
+	}
+	var hangul []rune // syllables of common initials, vowels and finals
+	for _, l := range []rune{0, 2, 3, 5, 6, 7, 9, 11, 12, 14, 15, 16, 17, 18} {
+		for v := range rune(21) {
+			for _, f := range []rune{0, 0, 4, 8, 16, 21} {
+				hangul = append(hangul, 0xAC00+(l*21+v)*28+f)
+			}
+		}
+	}
+	return [][]rune{
+		[]rune("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZàáâäçèéêëíîïñóôöúûüß"),
+		span(span(nil, 0x0410, 0x044F), 0x0451, 0x0451), // Cyrillic
+		span(span(nil, 0x0391, 0x03A9), 0x03B1, 0x03C9), // Greek
+		span(nil, 0x0621, 0x064A),                       // Arabic
+		span(nil, 0x05D0, 0x05EA),                       // Hebrew
+		span(span(nil, 0x0915, 0x0939), 0x093E, 0x094C), // Devanagari
+		span(span(nil, 0x0995, 0x09B9), 0x09BE, 0x09CC), // Bengali
+		span(span(nil, 0x0B95, 0x0BB9), 0x0BBE, 0x0BCC), // Tamil
+		span(span(nil, 0x0E01, 0x0E2E), 0x0E30, 0x0E39), // Thai
+		span(nil, 0x10D0, 0x10FA),                       // Georgian
+		span(nil, 0x0561, 0x0586),                       // Armenian
+		span(nil, 0x1200, 0x1357),                       // Ethiopic
+		span(span(nil, 0x3041, 0x3093), 0x30A1, 0x30F3), // kana
+		[]rune(cjkChars),
+		hangul,
+	}
+}()
+
+// mixedText is text that switches script from word to word: words of
+// random letters of the basic alphabets of a dozen scripts (words a cache
+// of pieces has not seen), between spaces, punctuation and numbers.
+func mixedText(n int, rng *rand.Rand) string {
+	var b strings.Builder
+	for b.Len() < n {
+		rs := alphabets[rng.IntN(len(alphabets))]
+		for range 2 + rng.IntN(7) {
+			b.WriteRune(rs[rng.IntN(len(rs))])
+		}
+		switch rng.IntN(8) {
+		case 0:
+			b.WriteString(", ")
+		case 1:
+			b.WriteString(". ")
+		case 2:
+			b.WriteString(" " + strconv.Itoa(rng.IntN(10000)) + " ")
+		default:
+			b.WriteByte(' ')
 		}
 	}
 	return b.String()
@@ -96,6 +217,14 @@ func benchInput(tb testing.TB, class string, n int) string {
 		s = strings.Repeat("1234567890", n/10+1)
 	case "punct":
 		s = strings.Repeat("!@#$%^&*()", n/10+1)
+	case "emoji":
+		s = emojiText(n, rng)
+	case "marks":
+		s = marksText(n, rng)
+	case "random":
+		s = randomRunes(n, rng)
+	case "mixed":
+		s = mixedText(n, rng)
 	default:
 		tb.Fatalf("unknown input class %q", class)
 	}

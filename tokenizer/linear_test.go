@@ -9,7 +9,7 @@ import (
 // growing sizes: work per byte must not grow with the size. A quadratic
 // merge would show a 16x growth between the smallest and largest size.
 func TestLinearWork(t *testing.T) {
-	classes := []string{"letters", "spaces", "base64", "cjk-nospace", "digits", "punct", "cjk", "json"}
+	classes := []string{"letters", "spaces", "base64", "cjk-nospace", "digits", "punct", "cjk", "json", "emoji", "marks", "random", "mixed"}
 	sizes := []int{4 << 10, 16 << 10, 64 << 10}
 	for _, enc := range encodings {
 		v, err := loadVocab(enc)

@@ -3,74 +3,125 @@ package tokenizer
 import (
 	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
-// Most non-ASCII characters are one token each, and BPE spends most of its
-// work on them rebuilding that token from the character's two or three
-// bytes. For the characters where it provably makes no difference, a piece
-// starts its merges from one part per character instead of one per byte.
+// Most non-ASCII characters are one token each, or a few tokens that BPE
+// rebuilds from the character's bytes alone, and BPE spends most of its
+// work on such rebuilding. Where it provably makes no difference, a piece
+// skips it: a character starts its merges as one part, or the piece is cut
+// around it.
 //
-// Let X be a character of two or three bytes, merged by BPE on its own
-// bytes into the single token X. Starting X as one part gives the same
-// tokens in every context when:
+// Let X be a character of two to four bytes. Say a token cuts X in a piece
+// when it occurs there covering part of X together with bytes outside X:
+// it starts with a proper tail of X (its last one to three continuation
+// bytes) and goes on past X, or it ends with a proper head of X (its lead
+// byte, possibly with one or two continuation bytes) and starts before X.
+// Such tokens are few (a few hundred byte-level fragments such as
+// "\xbd物"); vocab.cuts lists them by the tails and heads they hold. When
+// no token cuts X, the first merge that joins bytes of X with bytes outside
+// it must make a token holding all of X; until then X's bytes are merged
+// exactly as BPE merges them on X alone, since those merges involve X's
+// bytes only and BPE orders them by rank (leftmost on ties) in both runs.
 //
-//  1. (reachable) BPE on X's bytes alone ends in the one token X, and every
-//     merge on the way has a rank below rank(X);
-//  2. (not cut) in the piece, no token could cover part of X together
-//     with bytes outside X: the piece has no occurrence of a token that
-//     starts with a proper tail of X (its last one or two continuation
-//     bytes) and goes on past X, nor of one that ends with a proper head
-//     of X (its lead byte, possibly with the next byte) and starts before
-//     X. Such tokens are few (a few hundred byte-level fragments such as
-//     "\xbd物"); vocab.cuts lists them per character;
-//  3. (later) every token that starts or ends with the whole X (and is
+// Separate. If X alone is several tokens T1..Tk, X never becomes one
+// part, so no merge ever joins its bytes with others. If X alone is one
+// token and no longer token starts or ends with the whole X, X becomes
+// one part and stays one: the first merge of the part X with a neighbour
+// would make such a token. Either way the piece's tokens are those of the
+// text before X, then X's own, then those of the text after X, each merged
+// on its own: the piece is cut around X.
+//
+// Whole (X alone is one token). Starting X as one part gives the same
+// tokens in every context when, besides no token cutting X (and here only
+// tokens that rank below X count, see uncut):
+//
+//  1. (reachable) every merge of BPE on X alone before the last has a rank
+//     below rank(X);
+//  2. (later) every token that starts or ends with the whole X (and is
 //     longer) has a rank above rank(X).
 //
-// Why: by (2), until X is whole the only merges that touch its bytes are
-// those inside X, the ones BPE does on X alone, and nothing outside can
-// take its bytes, so X always becomes whole. Every other merge happens in
-// the same order in both runs: when BPE on bytes picks a merge M while X is
+// Why: until X is whole, the only merges that touch its bytes are those of
+// X alone, and X always becomes whole. Every other merge happens in the
+// same order in both runs: when BPE on bytes picks a merge M while X is
 // incomplete, M's rank m is at most the rank of X's pending inner merge
 // (BPE picks the least), which by (1) is at most rank(X); a merge that
-// needs the whole X has by (3) a rank above rank(X), hence above m, so
+// needs the whole X has by (2) a rank above rank(X), hence above m, so
 // starting from X never brings it ahead of M. The inequality is strict, so
 // ties (equal ranks, broken leftmost) keep their order too. The argument
 // holds for all the characters of a piece at once.
 //
-// TestPremergeCutTokens puts every token of (2) in its context, and
-// TestPremergeMatchesOracle and the differential tests compare the result
-// with tiktoken-go token for token.
+// TestPremergeCutTokens puts every cutting token in its context;
+// TestPremergeMatchesOracle, the fixture of OpenAI's tiktoken and the
+// differential tests compare the result token for token.
 
-// charInfo says whether a character may start as one part (rank >= 0) and
-// where to look for the tokens of condition 2 around it.
+// charInfo says how a character of two to four bytes starts its merges.
 type charInfo struct {
-	rank   int32  // the character's rank, -1 if it never starts whole
+	// rank is the character's rank when it may start whole (rank >= 0);
+	// -1 when it must start as bytes; -(k+1) when it is separate, k
+	// being the number of its own tokens: a piece is cut around it unless
+	// a token cuts it.
+	rank   int32
 	after  uint16 // index in vocab.cuts of the tokens that start with a tail of it (0: none)
 	before uint16 // index in vocab.cuts of the tokens that end with a head of it (0: none)
 }
 
-// buildChars computes v.chars: for every rune of two or three UTF-8 bytes
-// that satisfies conditions 1 and 3, its rank, and the tokens of condition
-// 2, which partStarts checks on every piece.
+// suppPlane holds the charInfo of the characters of one plane above the
+// BMP, computed on first use: 256 blocks of 256 characters, identical
+// blocks shared (a plane needs 30 to 70 distinct ones), so that a plane
+// costs about 100 KB and a few milliseconds once, and only planes that
+// text uses are computed.
+type suppPlane struct {
+	ready  atomic.Bool
+	mu     sync.Mutex
+	index  [256]uint16 // by (r>>8)&0xFF: the block in blocks
+	blocks []charInfo  // blocks of 256
+}
+
+// charMaps holds what computing a four-byte character's charInfo needs,
+// beyond vocab.chars: the least rank of a longer token starting (ending)
+// with the character, and the cut lists of its three-byte tail and head.
+type charMaps struct {
+	minStart, minEnd map[rune]int32
+	afterBy1         [64]uint16        // by the last continuation byte
+	beforeBy1        [64]uint16        // by the lead byte (C0..FF)
+	afterBy2         [4096]uint16      // by the last 2 continuation bytes: tails of 1 and 2
+	beforeBy2        [0x15 << 6]uint16 // by lead byte (E0..F4) and a continuation byte: heads of 1 and 2
+	afterBy3         map[uint32]uint16 // by 3 continuation bytes: tails of 1 to 3
+	beforeBy3        map[uint32]uint16 // by lead byte and 2 continuation bytes: heads of 1 to 3
+}
+
+// buildChars computes v.chars for the BMP, the maps from which four-byte
+// characters are computed, and v.cuts.
 func (v *vocab) buildChars() {
 	const none = math.MaxInt32
-	cut := cutIndex{lists: make([]cutList, 1)} // index 0: no tokens
-	minStart := make([]int32, 0x10000)         // least rank of a longer token starting with the rune
-	minEnd := make([]int32, 0x10000)           // least rank of a longer token ending with the rune
+	cut := cutIndex{lists: make([]cutList, 1), tail3: map[uint32]uint16{}, head3: map[uint32]uint16{}}
+	minStart := make([]int32, 0x10000) // least rank of a longer token starting with the rune
+	minEnd := make([]int32, 0x10000)   // least rank of a longer token ending with the rune
 	for i := range minStart {
 		minStart[i], minEnd[i] = none, none
 	}
+	m := &charMaps{minStart: map[rune]int32{}, minEnd: map[rune]int32{}}
 	for rank, tok := range v.tokens {
 		if len(tok) < 2 {
 			continue
 		}
-		cut.add(tok)
-		if r, n := utf8.DecodeRuneInString(tok); n < len(tok) && n > 1 && r < 0x10000 {
-			minStart[r] = min(minStart[r], int32(rank))
+		cut.add(tok, int32(rank))
+		if r, n := utf8.DecodeRuneInString(tok); n < len(tok) && n > 1 {
+			if r < 0x10000 {
+				minStart[r] = min(minStart[r], int32(rank))
+			} else if old, ok := m.minStart[r]; !ok || int32(rank) < old {
+				m.minStart[r] = int32(rank)
+			}
 		}
-		if r, n := utf8.DecodeLastRuneInString(tok); n < len(tok) && n > 1 && r < 0x10000 {
-			minEnd[r] = min(minEnd[r], int32(rank))
+		if r, n := utf8.DecodeLastRuneInString(tok); n < len(tok) && n > 1 {
+			if r < 0x10000 {
+				minEnd[r] = min(minEnd[r], int32(rank))
+			} else if old, ok := m.minEnd[r]; !ok || int32(rank) < old {
+				m.minEnd[r] = int32(rank)
+			}
 		}
 	}
 	// A character's tails and heads are fixed; merge their lists once per
@@ -90,38 +141,163 @@ func (v *vocab) buildChars() {
 		}
 		l.next = append(append([]string(nil), la.next...), lb.next...)
 		l.prev = append(append([]string(nil), la.prev...), lb.prev...)
+		l.ranks = append(append([]int32(nil), la.ranks...), lb.ranks...)
 		cut.lists = append(cut.lists, l)
 		i := uint16(len(cut.lists) - 1)
 		merged[[2]uint16{a, b}] = i
 		return i
 	}
+	m.afterBy1, m.beforeBy1 = cut.tail1, cut.head1
+	for k := range m.afterBy2 {
+		m.afterBy2[k] = join(cut.tail1[k&0x3F], cut.tail2[k])
+	}
+	for k := range m.beforeBy2 {
+		m.beforeBy2[k] = join(cut.head1[0x20+(k>>6)], cut.head2[k])
+	}
+	m.afterBy3, m.beforeBy3 = map[uint32]uint16{}, map[uint32]uint16{}
+	for k, l := range cut.tail3 {
+		m.afterBy3[k] = join(m.afterBy2[k&0xFFF], l)
+	}
+	for k, l := range cut.head3 {
+		m.beforeBy3[k] = join(m.beforeBy2[int((k>>12)-0xE0)<<6|int((k>>6)&0x3F)], l)
+	}
+	v.charMaps = m
 	v.chars = make([]charInfo, 0x10000)
 	var buf [4]byte
 	for r := range v.chars {
-		v.chars[r] = charInfo{rank: -1}
 		if r < 0x80 || (0xD800 <= r && r < 0xE000) {
+			v.chars[r] = charInfo{rank: -1}
 			continue
 		}
 		n := utf8.EncodeRune(buf[:], rune(r))
-		x := string(buf[:n])
-		rx := v.rank(x)
-		if rx == noRank || rx >= minStart[r] || rx >= minEnd[r] {
-			continue
-		}
-		after, before := cut.tail1[x[n-1]&0x3F], cut.head1[x[0]-0xC0]
-		if n == 3 {
-			// BPE on three bytes merges one pair first, then the token.
-			r01 := v.pair[int(x[0])<<8|int(x[1])]
-			r12 := v.pair[int(x[1])<<8|int(x[2])]
-			if first := min(r01, r12); first >= rx {
-				continue
-			}
-			after = join(after, cut.tail2[int(x[1]&0x3F)<<6|int(x[2]&0x3F)])
-			before = join(before, cut.head2[int(x[0]&0x0F)<<6|int(x[1]&0x3F)])
-		}
-		v.chars[r] = charInfo{rank: rx, after: after, before: before}
+		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r])
 	}
 	v.cuts = cut.lists
+	v.near = make([]cutNear, len(v.cuts))
+	for i, l := range v.cuts {
+		for _, rest := range l.next {
+			v.near[i][rest[0]>>6] |= 1 << (rest[0] & 63)
+		}
+		for _, pre := range l.prev {
+			b := pre[len(pre)-1]
+			v.near[i][b>>6] |= 1 << (b & 63)
+		}
+	}
+}
+
+// charInfo computes the charInfo of character x (two to four bytes),
+// given the least ranks of the longer tokens that start and end with it.
+func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
+	m := v.charMaps
+	var ci charInfo
+	switch len(x) {
+	case 2:
+		ci.after, ci.before = m.afterBy1[x[1]&0x3F], m.beforeBy1[x[0]-0xC0]
+	case 3:
+		ci.after = m.afterBy2[int(x[1]&0x3F)<<6|int(x[2]&0x3F)]
+		ci.before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
+	case 4:
+		ci.after = m.afterBy2[int(x[2]&0x3F)<<6|int(x[3]&0x3F)]
+		if l, ok := m.afterBy3[uint32(x[1]&0x3F)<<12|uint32(x[2]&0x3F)<<6|uint32(x[3]&0x3F)]; ok {
+			ci.after = l
+		}
+		ci.before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
+		if l, ok := m.beforeBy3[uint32(x[0])<<12|uint32(x[1]&0x3F)<<6|uint32(x[2]&0x3F)]; ok {
+			ci.before = l
+		}
+	}
+	toks, inner := v.alone(x)
+	rx := v.rank(x)
+	switch {
+	case toks > 1:
+		ci.rank = -int32(toks) - 1
+	case minStart == math.MaxInt32 && minEnd == math.MaxInt32:
+		ci.rank = -2 // one token that never joins another
+	case inner < rx && rx < minStart && rx < minEnd:
+		ci.rank = rx
+	default:
+		ci.rank = -1
+	}
+	return ci
+}
+
+// sepTokens returns the number of tokens of a separate character (rank <
+// -1).
+func (c charInfo) sepTokens() int { return int(-c.rank) - 1 }
+
+// alone runs BPE on the bytes of x (at most 4) alone. It returns the
+// number of tokens and the highest rank of its merges but the last (-1
+// when there is at most one merge).
+func (v *vocab) alone(x string) (toks int, inner int32) {
+	var startBuf [5]int32
+	parts := len(x)
+	starts := startBuf[:parts+1]
+	for i := range starts {
+		starts[i] = int32(i)
+	}
+	inner, last := -1, int32(-1)
+	for parts > 1 {
+		minR, mi := int32(noRank), -1
+		for i := 0; i < parts-1; i++ {
+			if r := v.rank(x[starts[i]:starts[i+2]]); r < minR {
+				minR, mi = r, i
+			}
+		}
+		if mi < 0 {
+			break
+		}
+		inner = max(inner, last)
+		last = minR
+		copy(starts[mi+1:parts], starts[mi+2:parts+1])
+		parts--
+	}
+	return parts, inner
+}
+
+// suppInfo returns the charInfo of a four-byte character.
+func (v *vocab) suppInfo(x string) charInfo {
+	r := rune(x[0]&0x07)<<18 | rune(x[1]&0x3F)<<12 | rune(x[2]&0x3F)<<6 | rune(x[3]&0x3F)
+	pl := &v.planes[r>>16-1]
+	if !pl.ready.Load() {
+		v.buildPlane(pl, r>>16)
+	}
+	return pl.blocks[int(pl.index[r>>8&0xFF])<<8|int(r&0xFF)]
+}
+
+// buildPlane computes the charInfo of every character of plane (1 to 16)
+// into pl, once.
+func (v *vocab) buildPlane(pl *suppPlane, plane rune) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.ready.Load() {
+		return
+	}
+	seen := make(map[[256]charInfo]uint16)
+	var blk [256]charInfo
+	var buf [4]byte
+	for b := range rune(256) {
+		for k := range rune(256) {
+			r := plane<<16 | b<<8 | k
+			utf8.EncodeRune(buf[:], r)
+			ms, ok := v.charMaps.minStart[r]
+			if !ok {
+				ms = math.MaxInt32
+			}
+			me, ok := v.charMaps.minEnd[r]
+			if !ok {
+				me = math.MaxInt32
+			}
+			blk[k] = v.charInfo(string(buf[:]), ms, me)
+		}
+		i, ok := seen[blk]
+		if !ok {
+			i = uint16(len(pl.blocks) >> 8)
+			seen[blk] = i
+			pl.blocks = append(pl.blocks, blk[:]...)
+		}
+		pl.index[b] = i
+	}
+	pl.ready.Store(true)
 }
 
 func isCont(b byte) bool { return b&0xC0 == 0x80 }
@@ -143,14 +319,16 @@ func leadLen(b byte) int {
 // cutIndex indexes, while a vocabulary loads, the tokens that hold part of
 // a character together with bytes outside it, as they could occur in valid
 // UTF-8: by the tail (continuation bytes) they start with, the rest of the
-// token; by the head (lead byte and at most one continuation byte) they end
-// with, the rest before it. Only tails and heads of two- and three-byte
-// characters matter. Each index maps to a cutList in lists (0: none).
+// token; by the head (lead byte and at most two continuation bytes) they
+// end with, the rest before it. Each index maps to a cutList in lists (0:
+// none).
 type cutIndex struct {
-	tail1 [64]uint16   // one continuation byte (index: its low 6 bits)
-	tail2 [4096]uint16 // two continuation bytes
-	head1 [64]uint16   // the lead byte of a 2- or 3-byte character (index: b-0xC0)
-	head2 [1024]uint16 // the lead and first continuation byte of a 3-byte character
+	tail1 [64]uint16        // one continuation byte (index: its low 6 bits)
+	tail2 [4096]uint16      // two continuation bytes
+	tail3 map[uint32]uint16 // three continuation bytes
+	head1 [64]uint16        // a lead byte (index: b-0xC0)
+	head2 [0x15 << 6]uint16 // a lead byte of 3 or 4 bytes (index: b-0xE0) and a continuation byte
+	head3 map[uint32]uint16 // a lead byte of 4 bytes and two continuation bytes (index: b<<12|...)
 	lists []cutList
 }
 
@@ -159,11 +337,20 @@ type cutIndex struct {
 // neighbour's first two bytes (for a head: its last two, nearest first),
 // so that most characters are cleared without comparing strings.
 type cutList struct {
-	one  [4]uint64 // bit b: a neighbour of one byte b
-	two  uint64    // bit pairBit(b0, b1): a longer neighbour starting b0 b1
-	next []string  // after a tail: the bytes that follow
-	prev []string  // before a head: the bytes that precede
+	one   [4]uint64 // bit b: a neighbour of one byte b
+	two   uint64    // bit pairBit(b0, b1): a longer neighbour starting b0 b1
+	next  []string  // after a tail: the bytes that follow
+	prev  []string  // before a head: the bytes that precede
+	ranks []int32   // the rank of each cutting token, in the order of next or prev
 }
+
+// cutNear is the first filter of a cutList, kept apart in vocab.near so
+// that the check every character makes touches 32 bytes: bit b is set
+// when a neighbour starts (after a tail) or ends (before a head) with
+// byte b.
+type cutNear [4]uint64
+
+func (f *cutNear) has(b byte) bool { return f[b>>6]&(1<<(b&63)) != 0 }
 
 func pairBit(b0, b1 byte) uint64 { return 1 << ((uint(b0)*11 + uint(b1)) & 63) }
 
@@ -178,8 +365,17 @@ func (c *cutIndex) list(idx *uint16) *cutList {
 	return &c.lists[*idx]
 }
 
+// mapList is list for an index kept in a map.
+func (c *cutIndex) mapList(m map[uint32]uint16, k uint32) *cutList {
+	idx := m[k]
+	l := c.list(&idx)
+	m[k] = idx
+	return l
+}
+
 // addNext records rest as following a tail.
-func (l *cutList) addNext(rest string) {
+func (l *cutList) addNext(rest string, rank int32) {
+	l.ranks = append(l.ranks, rank)
 	if len(rest) == 1 {
 		l.one[rest[0]>>6] |= 1 << (rest[0] & 63)
 	} else {
@@ -189,7 +385,8 @@ func (l *cutList) addNext(rest string) {
 }
 
 // addPrev records pre as preceding a head.
-func (l *cutList) addPrev(pre string) {
+func (l *cutList) addPrev(pre string, rank int32) {
+	l.ranks = append(l.ranks, rank)
 	n := len(pre)
 	if n == 1 {
 		l.one[pre[0]>>6] |= 1 << (pre[0] & 63)
@@ -199,7 +396,7 @@ func (l *cutList) addPrev(pre string) {
 	l.prev = append(l.prev, pre)
 }
 
-func (c *cutIndex) add(tok string) {
+func (c *cutIndex) add(tok string, rank int32) {
 	k := 0
 	for k < len(tok) && isCont(tok[k]) {
 		k++
@@ -207,9 +404,11 @@ func (c *cutIndex) add(tok string) {
 	if k < len(tok) {
 		switch k {
 		case 1:
-			c.list(&c.tail1[tok[0]&0x3F]).addNext(tok[1:])
+			c.list(&c.tail1[tok[0]&0x3F]).addNext(tok[1:], rank)
 		case 2:
-			c.list(&c.tail2[int(tok[0]&0x3F)<<6|int(tok[1]&0x3F)]).addNext(tok[2:])
+			c.list(&c.tail2[int(tok[0]&0x3F)<<6|int(tok[1]&0x3F)]).addNext(tok[2:], rank)
+		case 3:
+			c.mapList(c.tail3, uint32(tok[0]&0x3F)<<12|uint32(tok[1]&0x3F)<<6|uint32(tok[2]&0x3F)).addNext(tok[3:], rank)
 		}
 	}
 	for j := len(tok) - 1; j >= 1 && j >= len(tok)-3; j-- {
@@ -217,37 +416,41 @@ func (c *cutIndex) add(tok string) {
 			continue
 		}
 		// tok[j] starts the last character of tok
-		if leadLen(tok[j]) <= len(tok)-j || tok[j] >= 0xF0 {
+		if tok[j] < 0xC2 || tok[j] > 0xF4 || leadLen(tok[j]) <= len(tok)-j {
 			break
 		}
 		switch len(tok) - j {
 		case 1:
-			c.list(&c.head1[tok[j]-0xC0]).addPrev(tok[:j])
+			c.list(&c.head1[tok[j]-0xC0]).addPrev(tok[:j], rank)
 		case 2:
-			c.list(&c.head2[int(tok[j]&0x0F)<<6|int(tok[j+1]&0x3F)]).addPrev(tok[:j])
+			c.list(&c.head2[int(tok[j]-0xE0)<<6|int(tok[j+1]&0x3F)]).addPrev(tok[:j], rank)
+		case 3:
+			c.mapList(c.head3, uint32(tok[j])<<12|uint32(tok[j+1]&0x3F)<<6|uint32(tok[j+2]&0x3F)).addPrev(tok[:j], rank)
 		}
 		break
 	}
 }
 
-// followedBy reports whether a neighbour of l follows, at the start of after.
-func (l *cutList) followedBy(after string) bool {
+// followedBy reports whether a neighbour of l whose token ranks below
+// bound follows, at the start of after.
+func (l *cutList) followedBy(after string, bound int32) bool {
 	if len(after) == 0 {
 		return false
 	}
 	if l.one[after[0]>>6]&(1<<(after[0]&63)) == 0 && (len(after) < 2 || l.two&pairBit(after[0], after[1]) == 0) {
 		return false
 	}
-	for _, rest := range l.next {
-		if strings.HasPrefix(after, rest) {
+	for j, rest := range l.next {
+		if l.ranks[j] < bound && strings.HasPrefix(after, rest) {
 			return true
 		}
 	}
 	return false
 }
 
-// precededBy reports whether a neighbour of l precedes, at the end of before.
-func (l *cutList) precededBy(before string) bool {
+// precededBy reports whether a neighbour of l whose token ranks below
+// bound precedes, at the end of before.
+func (l *cutList) precededBy(before string, bound int32) bool {
 	n := len(before)
 	if n == 0 {
 		return false
@@ -255,60 +458,26 @@ func (l *cutList) precededBy(before string) bool {
 	if l.one[before[n-1]>>6]&(1<<(before[n-1]&63)) == 0 && (n < 2 || l.two&pairBit(before[n-1], before[n-2]) == 0) {
 		return false
 	}
-	for _, pre := range l.prev {
-		if strings.HasSuffix(before, pre) {
+	for j, pre := range l.prev {
+		if l.ranks[j] < bound && strings.HasSuffix(before, pre) {
 			return true
 		}
 	}
 	return false
 }
 
-// whole reports whether the n-byte character c at p[i:i+n] starts as one
-// part: it satisfies conditions 1 and 3, and no token of condition 2
-// occurs in p across its boundaries.
-func (v *vocab) whole(p string, i, n int, c charInfo) bool {
-	if c.rank < 0 {
+// uncut reports whether no token cuts the n-byte character at p[i:i+n].
+// For a character that may start whole, only cutting tokens that rank
+// below it count: until the character is whole one of its own merges,
+// all ranked at most its rank, is pending, so a merge that would cut it
+// and ranks above it never comes first.
+func (v *vocab) uncut(p string, i, n int, c charInfo) bool {
+	bound := int32(math.MaxInt32)
+	if c.rank >= 0 {
+		bound = c.rank
+	}
+	if c.after != 0 && i+n < len(p) && v.near[c.after].has(p[i+n]) && v.cuts[c.after].followedBy(p[i+n:], bound) {
 		return false
 	}
-	if c.after != 0 && v.cuts[c.after].followedBy(p[i+n:]) {
-		return false
-	}
-	return c.before == 0 || !v.cuts[c.before].precededBy(p[:i])
-}
-
-// partStarts fills starts with the boundaries of the parts that BPE on p
-// starts from: one per byte, except a character that starts whole (see
-// vocab.whole), which is one part. p must be valid UTF-8. It returns the
-// boundaries (parts+1 of them, the last len(p)) and whether any character
-// was taken whole.
-func (v *vocab) partStarts(p string, starts []int32) ([]int32, bool) {
-	starts = starts[:0]
-	whole := false
-	for i := 0; i < len(p); {
-		starts = append(starts, int32(i))
-		b := p[i]
-		if b < 0xC2 || b >= 0xF0 || i+1 >= len(p) {
-			i++
-			continue
-		}
-		var r rune
-		n := 2
-		if b < 0xE0 {
-			r = rune(b&0x1F)<<6 | rune(p[i+1]&0x3F)
-		} else {
-			if i+2 >= len(p) {
-				i++
-				continue
-			}
-			n = 3
-			r = rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
-		}
-		if v.whole(p, i, n, v.chars[r]) {
-			whole = true
-			i += n
-		} else {
-			i++
-		}
-	}
-	return append(starts, int32(len(p))), whole
+	return c.before == 0 || i == 0 || !v.near[c.before].has(p[i-1]) || !v.cuts[c.before].precededBy(p[:i], bound)
 }

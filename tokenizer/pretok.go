@@ -6,11 +6,14 @@ import (
 	"unicode/utf8"
 )
 
+//go:generate sh internal/gen/gen.sh classes
+
 // The pre-tokenizers below are hand-written equivalents of the cl100k_base
-// and o200k_base split patterns, as tiktoken-go evaluates them (regexp2,
-// with Go's unicode tables and unicode.IsSpace for \s). They never
-// backtrack more than a bounded look at the current run, so splitting is
-// linear in the input.
+// and o200k_base split patterns, as OpenAI's tiktoken evaluates them: with
+// the Unicode 16.0 tables of Rust's regex crate (unicode_tables.go, made
+// from the Unicode data by internal/gen; Go's unicode package is older),
+// and White_Space for \s. They never backtrack more than a bounded look
+// at the current run, so splitting is linear in the input.
 //
 // Each returns the end of the piece that starts at i and whether the
 // decision looked at the end of the text: a piece with eof == false is final
@@ -20,68 +23,108 @@ import (
 const (
 	clsL     uint8 = 1 << iota // \p{L}
 	clsN                       // \p{N}
-	clsS                       // \s (unicode.IsSpace)
+	clsS                       // \s (White_Space)
 	clsUpper                   // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] (o200k)
 	clsLower                   // [\p{Ll}\p{Lm}\p{Lo}\p{M}] (o200k)
 	clsNL                      // \r or \n
 )
 
+// The class of every code point, in two tables built once from the
+// generated ones: a flat one for the BMP, and for the planes above it one
+// block of 256 classes per 256 code points, identical blocks shared (most
+// of those planes are unassigned).
 var (
-	bmpOnce  sync.Once
-	bmpClass []uint8 // class of every rune below 0x10000
+	classOnce  sync.Once
+	bmpClass   [0x10000]uint8 // class of every rune of the BMP
+	suppIndex  []uint16       // (r-0x10000)>>8: index of r's block in suppBlocks
+	suppBlocks []uint8        // blocks of 256 classes
 )
 
-func classify(r rune) uint8 {
-	var c uint8
-	if unicode.IsLetter(r) {
-		c |= clsL
-	}
-	if unicode.IsNumber(r) {
-		c |= clsN
-	}
-	if unicode.IsSpace(r) {
-		c |= clsS
-	}
-	lm, lo, m := unicode.Is(unicode.Lm, r), unicode.Is(unicode.Lo, r), unicode.IsMark(r)
-	if unicode.Is(unicode.Lu, r) || unicode.Is(unicode.Lt, r) || lm || lo || m {
-		c |= clsUpper
-	}
-	if unicode.Is(unicode.Ll, r) || lm || lo || m {
-		c |= clsLower
-	}
-	if r == '\r' || r == '\n' {
-		c |= clsNL
-	}
-	return c
-}
-
 func initClasses() {
-	bmpOnce.Do(func() {
-		t := make([]uint8, 0x10000)
-		for r := range t {
-			t[r] = classify(rune(r))
+	classOnce.Do(func() {
+		all := make([]uint8, unicode.MaxRune+1)
+		set := func(tab *unicode.RangeTable, c uint8) {
+			for _, r := range tab.R16 {
+				for x := int(r.Lo); x <= int(r.Hi); x += int(r.Stride) {
+					all[x] |= c
+				}
+			}
+			for _, r := range tab.R32 {
+				for x := int(r.Lo); x <= int(r.Hi); x += int(r.Stride) {
+					all[x] |= c
+				}
+			}
 		}
-		bmpClass = t
+		set(letter16, clsL)
+		set(number16, clsN)
+		set(whiteSpace16, clsS)
+		for _, tab := range []*unicode.RangeTable{upper16, title16, modifier16, otherLetter16, mark16} {
+			set(tab, clsUpper)
+		}
+		for _, tab := range []*unicode.RangeTable{lower16, modifier16, otherLetter16, mark16} {
+			set(tab, clsLower)
+		}
+		all['\r'] |= clsNL
+		all['\n'] |= clsNL
+		copy(bmpClass[:], all[:0x10000])
+		supp := all[0x10000:]
+		index := make([]uint16, len(supp)>>8)
+		var blocks []uint8
+		seen := make(map[string]uint16)
+		for b := range index {
+			blk := supp[b<<8 : (b+1)<<8]
+			i, ok := seen[string(blk)]
+			if !ok {
+				i = uint16(len(blocks) >> 8)
+				seen[string(blk)] = i
+				blocks = append(blocks, blk...)
+			}
+			index[b] = i
+		}
+		suppIndex, suppBlocks = index, blocks
 	})
 }
 
-// class returns the class and byte length of the rune at s[i]. Invalid
-// UTF-8 counts as U+FFFD (a symbol), as tiktoken-go's rune conversion does.
+// classOf returns the class of a valid rune.
+func classOf(r rune) uint8 {
+	if r < 0x10000 {
+		return bmpClass[r]
+	}
+	return suppBlocks[int(suppIndex[(r-0x10000)>>8])<<8|int(r&0xFF)]
+}
+
+// class returns the class and byte length of the rune at s[i]. An
+// invalid UTF-8 byte counts as U+FFFD (a symbol), see sanitize.
 func class(s string, i int) (uint8, int) {
-	b := s[i]
-	if b < utf8.RuneSelf {
+	if b := s[i]; b < utf8.RuneSelf {
 		return bmpClass[b], 1
 	}
-	// Three-byte characters led by E1..EC or EE..EF (CJK, kana, hangul)
-	// have no overlong or surrogate forms: decode them inline.
-	if b-0xE1 < 0x0F && b != 0xED && i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 {
-		return bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+	return classMulti(s, i)
+}
+
+// classMulti is class for a byte that is not ASCII.
+func classMulti(s string, i int) (uint8, int) {
+	b := s[i]
+	// Decode inline the sequences that have no overlong or surrogate
+	// forms: two bytes led by C2..DF (Latin, Greek, Cyrillic, Arabic, ...),
+	// three led by E1..EC or EE..EF (CJK, kana, hangul, Indic, ...), four
+	// led by F1..F3 or F0 with a second byte from 90 (emoji, rare CJK).
+	switch {
+	case b-0xC2 < 0x1E:
+		if i+1 < len(s) && s[i+1]&0xC0 == 0x80 {
+			return bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
+		}
+	case b-0xE1 < 0x0F && b != 0xED:
+		if i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 {
+			return bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+		}
+	case b-0xF0 < 4:
+		if i+3 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 && s[i+3]&0xC0 == 0x80 && (b != 0xF0 || s[i+1] >= 0x90) {
+			return classOf(rune(b&0x07)<<18 | rune(s[i+1]&0x3F)<<12 | rune(s[i+2]&0x3F)<<6 | rune(s[i+3]&0x3F)), 4
+		}
 	}
 	r, n := utf8.DecodeRuneInString(s[i:])
-	if r < 0x10000 {
-		return bmpClass[r], n
-	}
-	return classify(r), n
+	return classOf(r), n
 }
 
 // runEnd returns the end of the run of runes from i whose class has any bit

@@ -2,127 +2,281 @@ package tokenizer
 
 import (
 	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"strconv"
 	"strings"
-	"sync"
-
-	"github.com/bytedance/sonic"
 )
 
 // DetectAPI returns the shape of a request body: from the HTTP path when it
-// names a known endpoint, else from the body's top-level keys.
+// names a metered endpoint, else from the body's top-level keys.
 func DetectAPI(path string, reqBody []byte) (API, error) {
-	if api, ok := apiFromPath(path); ok {
-		return api, nil
+	if e := Classify("POST", path); e.Class == Metered {
+		return e.API, nil
 	}
-	var b body
-	if err := decodeJSON(reqBody, &b); err != nil {
-		return "", fmt.Errorf("%w: %v", ErrMalformed, err)
+	b, err := parseBody(reqBody)
+	if err != nil {
+		return "", err
 	}
-	return apiFromBody(&b)
+	defer b.release()
+	api, _, err := apiFromBody(b)
+	return api, err
 }
 
-// decodeJSON decodes request bodies. sonic parses them several times
-// faster than encoding/json on amd64 (see the repository README) and falls back to an
-// encoding/json-compatible decoder elsewhere. Invalid UTF-8 is kept and
-// mapped to U+FFFD by the counter, as encoding/json would.
-func decodeJSON(data []byte, v any) error {
-	return sonic.ConfigDefault.Unmarshal(data, v)
+// body holds the top-level fields of a request body as the provider reads
+// them (see jsonscan.go): exact keys, the last duplicate wins. Polymorphic
+// fields stay JSON values and are read where they are counted. Gemini
+// accepts every field in camelCase and in snake_case (protobuf JSON); both
+// spellings are kept.
+type body struct {
+	*doc
+	Model                                                 string
+	modelAt                                               jval
+	Messages, Tools, Functions                            jval
+	Prompt, Suffix, Input, Instructions, System, Contents jval
+	SystemInstruction, GenerationConfig                   [2]jval // camelCase, snake_case
+	Content, Title, Requests                              jval    // Gemini embedContent, batchEmbedContents
+	ResponseFormat, AnthropicVersion, PreviousResponseID  jval
+	EncodingFormat, Dimensions, Thinking                  jval
+	MaxTokens, MaxCompletionTokens, MaxOutputTokens       jval
+	N, BestOf                                             jval
+	Stream, IncludeUsage                                  bool
 }
 
-// pretouchOnce compiles the decoders of the request types once per
-// process, so the first request does not pay for it (~40 ms here).
-var pretouchOnce sync.Once
-
-func pretouch() {
-	pretouchOnce.Do(func() {
-		for _, v := range []any{body{}, []contentPart{}, functionDef{}} {
-			// An error only means the type is compiled on first use.
-			_ = sonic.Pretouch(reflect.TypeOf(v))
+// parseBody validates src and reads its top-level fields. The caller
+// releases the body once it is done with it and its values.
+func parseBody(src []byte) (*body, error) {
+	d, err := parseDoc(src)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	root := d.root()
+	if root.kind() != '{' {
+		err := errShape("the body", root, "an object")
+		d.release()
+		return nil, err
+	}
+	b := body{doc: d}
+	var stream, streamOptions jval
+	for k, v := range root.members() {
+		switch string(k) {
+		case "model":
+			b.modelAt = v
+		case "messages":
+			b.Messages = v
+		case "tools":
+			b.Tools = v
+		case "functions":
+			b.Functions = v
+		case "prompt":
+			b.Prompt = v
+		case "suffix":
+			b.Suffix = v
+		case "input":
+			b.Input = v
+		case "instructions":
+			b.Instructions = v
+		case "system":
+			b.System = v
+		case "contents":
+			b.Contents = v
+		case "systemInstruction":
+			b.SystemInstruction[0] = v
+		case "system_instruction":
+			b.SystemInstruction[1] = v
+		case "generationConfig":
+			b.GenerationConfig[0] = v
+		case "generation_config":
+			b.GenerationConfig[1] = v
+		case "content":
+			b.Content = v
+		case "title":
+			b.Title = v
+		case "requests":
+			b.Requests = v
+		case "response_format":
+			b.ResponseFormat = v
+		case "anthropic_version":
+			b.AnthropicVersion = v
+		case "previous_response_id":
+			b.PreviousResponseID = v
+		case "encoding_format":
+			b.EncodingFormat = v
+		case "dimensions":
+			b.Dimensions = v
+		case "thinking":
+			b.Thinking = v
+		case "max_tokens":
+			b.MaxTokens = v
+		case "max_completion_tokens":
+			b.MaxCompletionTokens = v
+		case "max_output_tokens":
+			b.MaxOutputTokens = v
+		case "n":
+			b.N = v
+		case "best_of":
+			b.BestOf = v
+		case "stream":
+			stream = v
+		case "stream_options":
+			streamOptions = v
 		}
-	})
-}
-
-func apiFromPath(path string) (API, bool) {
-	p, _, _ := strings.Cut(path, "?")
-	p = strings.TrimSuffix(p, "/")
-	switch {
-	case strings.HasSuffix(p, "/chat/completions"):
-		return ChatCompletions, true
-	case strings.HasSuffix(p, "/completions"):
-		return Completions, true
-	case strings.HasSuffix(p, "/embeddings"):
-		return Embeddings, true
-	case strings.HasSuffix(p, "/responses"):
-		return Responses, true
-	case strings.HasSuffix(p, "/v1/messages"):
-		return Messages, true
-	case strings.HasSuffix(p, ":generateContent"), strings.HasSuffix(p, ":streamGenerateContent"):
-		return Gemini, true
 	}
-	return "", false
+	if err := b.readFlags(stream, streamOptions); err != nil {
+		d.release()
+		return nil, err
+	}
+	return &b, nil
 }
 
-// apiFromBody detects the API from the top-level fields a body has.
-func apiFromBody(b *body) (API, error) {
-	present := func(r json.RawMessage) bool { return len(r) > 0 }
+// readFlags reads the model and the stream flags.
+func (b *body) readFlags(stream, streamOptions jval) error {
+	var err error
+	if b.Model, err = stringField(b.modelAt, "model"); err != nil {
+		return err
+	}
+	if b.Stream, err = boolField(stream, "stream"); err != nil {
+		return err
+	}
+	if streamOptions.present() {
+		if streamOptions.kind() != '{' {
+			return errShape("stream_options", streamOptions, "an object")
+		}
+		var iu jval
+		for k, v := range streamOptions.members() {
+			if string(k) == "include_usage" {
+				iu = v
+			}
+		}
+		if b.IncludeUsage, err = boolField(iu, "stream_options.include_usage"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stringField reads a string field; absent or null is "". The field's
+// name, in parts, is joined only for an error.
+func stringField(v jval, field ...string) (string, error) {
+	switch v.kind() {
+	case 0, 'n':
+		return "", nil
+	case '"':
+		return v.str(), nil
+	}
+	return "", errShape(strings.Join(field, ""), v, "a string")
+}
+
+// boolField reads a boolean field; absent or null is false.
+func boolField(v jval, field string) (bool, error) {
+	switch v.kind() {
+	case 0, 'n', 'f':
+		return false, nil
+	case 't':
+		return true, nil
+	}
+	return false, errShape(field, v, "a boolean")
+}
+
+// errShape reports a body field of an unexpected JSON type, by name and
+// offset only.
+func errShape(field string, v jval, want string) error {
+	return fmt.Errorf("%w: %s: want %s, got %s at byte %d", ErrMalformed, field, want, v.kindName(), v.off)
+}
+
+// apiFromBody detects the API from the top-level fields a body has, and
+// whether a Gemini body is an embedding request.
+func apiFromBody(b *body) (api API, embed bool, err error) {
 	model := normalizeModel(b.Model)
 	switch {
-	case b.Contents != nil:
-		return Gemini, nil
-	case b.Messages != nil:
-		if present(b.System) || present(b.AnthropicVersion) || strings.HasPrefix(model, "claude") {
-			return Messages, nil
+	case b.Contents.present():
+		return Gemini, false, nil
+	case b.Requests.present() || b.Content.present() && !b.Messages.present():
+		return Gemini, true, nil
+	case b.Messages.present():
+		if b.System.present() || b.AnthropicVersion.present() || strings.HasPrefix(model, "claude") {
+			return Messages, false, nil
 		}
-		return ChatCompletions, nil
-	case present(b.Prompt):
-		return Completions, nil
-	case present(b.Input):
-		if present(b.Instructions) || present(b.MaxOutputTokens) || b.Tools != nil || present(b.PreviousResponseID) {
-			return Responses, nil
+		return ChatCompletions, false, nil
+	case b.Prompt.present():
+		return Completions, false, nil
+	case b.Input.present():
+		if b.Instructions.present() || b.MaxOutputTokens.present() || b.Tools.present() || b.PreviousResponseID.present() {
+			return Responses, false, nil
 		}
-		if present(b.EncodingFormat) || present(b.Dimensions) || strings.HasPrefix(model, "text-embedding") {
-			return Embeddings, nil
+		if b.EncodingFormat.present() || b.Dimensions.present() || strings.HasPrefix(model, "text-embedding") {
+			return Embeddings, false, nil
 		}
 		// An array of items (objects) is Responses; strings and token
 		// arrays are Embeddings.
-		in := bytes.TrimLeft(b.Input, " \t\r\n[")
+		in := bytes.TrimLeft(b.Input.text(), " \t\r\n[")
 		if len(in) > 0 && in[0] == '{' {
-			return Responses, nil
+			return Responses, false, nil
 		}
-		return Embeddings, nil
+		return Embeddings, false, nil
 	}
-	return "", fmt.Errorf("%w: none of messages, contents, prompt or input at the top level", ErrUnknownAPI)
+	return "", false, fmt.Errorf("%w: none of messages, contents, prompt, input, content or requests at the top level", ErrUnknownAPI)
 }
 
 // Count returns what req will cost: its exact input tokens (an estimate for
 // Anthropic and Gemini), its output cap and the output allowance (S7).
-// Errors wrap ErrMalformed, ErrUnknownAPI, ErrUnknownModel or ErrInvalidCap.
+//
+// Without req.API, the shape comes from req.Path as Classify reads it: a
+// metered endpoint names its API, a free one is refused with
+// ErrFreeEndpoint, a named unknown one (images, audio, batches, realtime)
+// with ErrUnknownAPI; a path no rule names, or none, leaves the shape to
+// the body's top-level fields. Callers that meter by endpoint call
+// Classify first and Count only metered requests.
+//
+// Errors wrap ErrMalformed, ErrUnknownAPI, ErrUnknownModel, ErrInvalidCap
+// or ErrFreeEndpoint; their text names fields and byte offsets, never body
+// content.
 func (c *Counter) Count(req Request) (Count, error) {
-	var b body
-	if err := decodeJSON(req.Body, &b); err != nil {
-		return Count{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	b, err := parseBody(req.Body)
+	if err != nil {
+		return Count{}, err
 	}
-	api := req.API
-	if api == "" {
-		var ok bool
-		if api, ok = apiFromPath(req.Path); !ok {
-			var err error
-			if api, err = apiFromBody(&b); err != nil {
-				return Count{}, err
+	defer b.release()
+	api, embed := req.API, false
+	if api == "" && req.Path != "" {
+		switch e := Classify("POST", req.Path); e.Class {
+		case Metered:
+			api, embed = e.API, e.Name == "gemini_embed"
+		case Free:
+			return Count{}, fmt.Errorf("%w: %s", ErrFreeEndpoint, e.Name)
+		default:
+			// A path no rule names may still carry a known body shape (a
+			// proxy's own path); named endpoints that are neither metered
+			// nor free (images, audio, batches, realtime) are not counted.
+			if e.Name != "other" {
+				return Count{}, fmt.Errorf("%w: the %s endpoint is not metered by tokens", ErrUnknownAPI, e.Name)
 			}
 		}
 	}
-	model := req.Model
-	if model == "" {
-		model = b.Model
+	if api == "" {
+		if api, embed, err = apiFromBody(b); err != nil {
+			return Count{}, err
+		}
+	} else if api == Gemini && !embed && !b.Contents.present() {
+		embed = b.Requests.present() || b.Content.present()
 	}
+
+	model, modelSource := req.Model, "Request.Model"
+	pathModel := modelFromPath(req.Path)
 	if model == "" {
-		model = modelFromPath(req.Path)
+		switch {
+		case api == Gemini && pathModel != "":
+			model, modelSource = pathModel, "the path"
+		case b.Model != "":
+			model, modelSource = b.Model, fmt.Sprintf("model at byte %d", b.modelAt.off)
+		default:
+			model, modelSource = pathModel, "the path"
+		}
+	}
+	keyModel := model
+	if d := deploymentFromPath(req.Path); d != "" && req.Model == "" {
+		keyModel = d // Azure bills and rate-limits the deployment
 	}
 	fam := familyOf(normalizeModel(model))
 	switch api {
@@ -131,15 +285,18 @@ func (c *Counter) Count(req Request) (Count, error) {
 	case Gemini:
 		fam = familyGemini
 	}
-	var enc string
+	enc := O200kBase
 	var fallback bool
 	if fam == familyOpenAI {
-		var err error
 		if enc, fallback, err = c.EncodingFor(model); err != nil {
+			if errors.Is(err, ErrUnknownModel) {
+				if model == "" {
+					return Count{}, fmt.Errorf("%w: the request names no model", ErrUnknownModel)
+				}
+				return Count{}, fmt.Errorf("%w: the model named by %s", ErrUnknownModel, modelSource)
+			}
 			return Count{}, err
 		}
-	} else {
-		enc = O200kBase
 	}
 	v, err := c.vocab(enc)
 	if err != nil {
@@ -149,41 +306,55 @@ func (c *Counter) Count(req Request) (Count, error) {
 	defer c.putWorker(w)
 	t := &tally{v: v, w: w, model: normalizeModel(model), fam: fam}
 
-	out := Count{API: api, Model: model, Encoding: enc, Fallback: fallback, Exact: fam == familyOpenAI}
-	var caps []json.RawMessage
-	multiplier := 1
+	out := Count{API: api, Model: model, ModelKey: modelKey(keyModel), Encoding: enc, Fallback: fallback,
+		Exact: fam == familyOpenAI, Choices: 1, CapFloor: 1}
+	var caps []capField
 	switch api {
 	case ChatCompletions:
-		err = t.chat(&b)
-		caps = []json.RawMessage{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens}
-		multiplier, err = choices(err, b.N, "n")
+		if err = t.chat(b); err == nil {
+			out.Choices, err = choices(b.N, "n")
+		}
+		caps = b.openAICaps()
+		out.AddCapField = "max_completion_tokens"
 	case Completions:
 		var prompts int
 		prompts, err = t.prompt(b.Prompt, "prompt")
-		if err == nil && len(b.Suffix) > 0 {
+		if err == nil {
 			_, err = t.prompt(b.Suffix, "suffix")
 		}
-		caps = []json.RawMessage{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens}
-		multiplier, err = choices(err, b.N, "n")
-		if bo, err2 := choices(err, b.BestOf, "best_of"); err2 == nil {
-			multiplier = max(multiplier, bo)
-		} else {
-			err = err2
+		var n, bestOf int
+		if err == nil {
+			n, err = choices(b.N, "n")
 		}
-		multiplier *= max(prompts, 1)
+		if err == nil {
+			bestOf, err = choices(b.BestOf, "best_of")
+		}
+		out.Choices = max(n, bestOf) * max(prompts, 1)
+		caps = b.openAICaps()
+		out.AddCapField = "max_tokens"
 	case Embeddings:
 		_, err = t.prompt(b.Input, "input")
+		out.Embedding = true
 	case Responses:
-		err = t.responses(&b)
-		caps = []json.RawMessage{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens}
+		err = t.responses(b)
+		caps = b.openAICaps()
+		out.AddCapField, out.CapFloor = "max_output_tokens", 16
 	case Messages:
-		err = t.anthropic(&b)
-		caps = []json.RawMessage{b.MaxTokens}
+		err = t.anthropic(b)
+		caps = []capField{{"max_tokens", b.MaxTokens}}
+		out.AddCapField = "max_tokens"
+		if budget, enabled := thinking(b.Thinking); enabled && budget > 0 {
+			out.CapFloor = budget + 1
+		}
 	case Gemini:
-		err = t.gemini(&b)
-		if b.GenerationConfig != nil {
-			caps = []json.RawMessage{b.GenerationConfig.MaxOutputTokens}
-			multiplier, err = choices(err, b.GenerationConfig.CandidateCount, "generationConfig.candidateCount")
+		if embed {
+			err = t.geminiEmbed(b)
+			out.Embedding = true
+		} else {
+			err = t.gemini(b)
+			if err == nil {
+				caps, out.Choices, out.AddCapField, err = geminiConfig(b)
+			}
 		}
 	default:
 		return Count{}, fmt.Errorf("%w: %q", ErrUnknownAPI, api)
@@ -193,42 +364,110 @@ func (c *Counter) Count(req Request) (Count, error) {
 	}
 	out.InputTokens = t.total()
 	out.Stream = b.Stream
-	if b.StreamOptions != nil {
-		out.IncludeUsage = b.StreamOptions.IncludeUsage
-	}
-	if api == Embeddings {
+	out.IncludeUsage = b.IncludeUsage
+	if out.Embedding {
 		out.AllowanceSource = FromRequest
 		return out, nil
 	}
-	capNames := []string{"max_tokens", "max_completion_tokens", "max_output_tokens"}
-	if api == Gemini {
-		capNames = []string{"generationConfig.maxOutputTokens"}
-	}
-	for i, raw := range caps {
-		n, err := c.parseCap(raw, capNames[i])
+	for _, cf := range caps {
+		n, err := c.parseCap(cf.v, cf.name)
 		if err != nil {
 			return Count{}, err
 		}
-		out.OutputCap = max(out.OutputCap, n)
+		if n > 0 {
+			out.CapFields = append(out.CapFields, cf.name)
+			out.OutputCap = max(out.OutputCap, n)
+		}
 	}
 	switch {
 	case out.OutputCap > 0:
-		out.OutputAllowance, out.AllowanceSource = out.OutputCap, FromRequest
+		out.ChoiceAllowance, out.AllowanceSource = out.OutputCap, FromRequest
 	case api == Completions:
 		// The legacy completions endpoint defaults max_tokens to 16.
-		out.OutputAllowance, out.AllowanceSource = 16, FromRequest
+		out.ChoiceAllowance, out.AllowanceSource = 16, FromRequest
 	default:
-		if n, ok := c.est.estimate(estKey{req.Policy, normalizeModel(model)}); ok {
-			out.OutputAllowance, out.AllowanceSource = min(n, c.opts.MaxOutputTokens), FromHistory
+		if n, ok := c.est.estimate(estKey{req.Policy, out.ModelKey}); ok {
+			out.ChoiceAllowance, out.AllowanceSource = min(n, c.opts.MaxOutputTokens), FromHistory
 		} else {
-			out.OutputAllowance, out.AllowanceSource = c.opts.DefaultOutputTokens, FromDefault
+			out.ChoiceAllowance, out.AllowanceSource = c.opts.DefaultOutputTokens, FromDefault
 		}
 	}
-	out.OutputAllowance = satMul(out.OutputAllowance, multiplier)
-	if multiplier > 1 {
-		out.Choices = multiplier
-	}
+	out.OutputAllowance = satMul(out.ChoiceAllowance, out.Choices)
 	return out, nil
+}
+
+// capField is one output cap of a body, by its dotted path.
+type capField struct {
+	name string
+	v    jval
+}
+
+// openAICaps returns the caps of the OpenAI shapes. Each API documents
+// one or two of them, but all are read: where a body carries several, the
+// largest counts, so a small decoy cannot buy a large answer (S7).
+func (b *body) openAICaps() []capField {
+	return []capField{{"max_tokens", b.MaxTokens}, {"max_completion_tokens", b.MaxCompletionTokens}, {"max_output_tokens", b.MaxOutputTokens}}
+}
+
+// geminiConfig reads the output caps and the candidate count of
+// generationConfig. Google's API takes every field in camelCase and
+// snake_case; a body that spells one field both ways (or repeats the
+// config) is read conservatively: every cap found counts and the largest
+// wins (S7), as does the largest candidate count.
+func geminiConfig(b *body) (caps []capField, candidates int, add string, err error) {
+	candidates = 1
+	add = "generationConfig.maxOutputTokens"
+	for i, cfgName := range [2]string{"generationConfig", "generation_config"} {
+		cfg := b.GenerationConfig[i]
+		if !cfg.present() {
+			continue
+		}
+		if cfg.kind() != '{' {
+			return nil, 0, "", errShape(cfgName, cfg, "an object")
+		}
+		if i == 1 {
+			add = "generation_config.max_output_tokens"
+		} else {
+			add = "generationConfig.maxOutputTokens"
+		}
+		for k, v := range cfg.members() {
+			switch string(k) {
+			case "maxOutputTokens", "max_output_tokens":
+				caps = append(caps, capField{cfgName + "." + string(k), v})
+			case "candidateCount", "candidate_count":
+				n, err := choices(v, cfgName+"."+string(k))
+				if err != nil {
+					return nil, 0, "", err
+				}
+				candidates = max(candidates, n)
+			}
+		}
+	}
+	return caps, candidates, add, nil
+}
+
+// thinking reads Anthropic's thinking object: whether extended thinking
+// is enabled, and its budget_tokens (0 when not a whole number).
+func thinking(v jval) (budget int, enabled bool) {
+	if v.kind() != '{' {
+		return 0, false
+	}
+	var typ, bt jval
+	for k, m := range v.members() {
+		switch string(k) {
+		case "type":
+			typ = m
+		case "budget_tokens":
+			bt = m
+		}
+	}
+	if !typ.isString("enabled") {
+		return 0, false
+	}
+	if n, fault := wholeNumber(bt, 1, math.MaxInt32); fault == "" {
+		budget = n
+	}
+	return budget, true
 }
 
 func satMul(a, b int) int {
@@ -240,59 +479,45 @@ func satMul(a, b int) int {
 
 // parseCap reads one output cap: absent or null is 0, anything else must
 // be a whole number in [1, MaxOutputTokens].
-func (c *Counter) parseCap(raw json.RawMessage, name string) (int, error) {
-	if len(raw) == 0 || string(raw) == "null" {
+func (c *Counter) parseCap(v jval, name string) (int, error) {
+	if !v.present() {
 		return 0, nil
 	}
-	n, err := strconv.ParseInt(string(raw), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %s is %s, want a whole number", ErrInvalidCap, name, raw)
-	}
-	if n <= 0 {
-		return 0, fmt.Errorf("%w: %s is %d, want at least 1", ErrInvalidCap, name, n)
-	}
-	if n > int64(c.opts.MaxOutputTokens) {
-		return 0, fmt.Errorf("%w: %s is %d, more than the limit of %d", ErrInvalidCap, name, n, c.opts.MaxOutputTokens)
-	}
-	return int(n), nil
-}
-
-// choices reads a choice count (n, best_of, candidateCount): absent means 1.
-func choices(err error, raw json.RawMessage, name string) (int, error) {
-	if err != nil {
-		return 1, err
-	}
-	if len(raw) == 0 || string(raw) == "null" {
-		return 1, nil
-	}
-	n, perr := strconv.Atoi(string(raw))
-	if perr != nil || n < 1 || n > 128 {
-		return 1, fmt.Errorf("%w: %s is %s, want a whole number from 1 to 128", ErrMalformed, name, raw)
+	n, fault := wholeNumber(v, 1, c.opts.MaxOutputTokens)
+	if fault != "" {
+		return 0, fmt.Errorf("%w: %s: want a whole number from 1 to %d, got %s at byte %d", ErrInvalidCap, name, c.opts.MaxOutputTokens, fault, v.off)
 	}
 	return n, nil
 }
 
-// modelFromPath finds the model in an Azure deployment path
-// (/openai/deployments/NAME/...) or a Gemini path (.../models/NAME:verb).
-func modelFromPath(path string) string {
-	p, _, _ := strings.Cut(path, "?")
-	if _, rest, ok := strings.Cut(p, "/deployments/"); ok {
-		name, _, _ := strings.Cut(rest, "/")
-		return name
+// choices reads a choice count (n, best_of, candidateCount): absent or
+// null means 1.
+func choices(v jval, name string) (int, error) {
+	if !v.present() {
+		return 1, nil
 	}
-	if _, rest, ok := strings.Cut(p, "/models/"); ok {
-		name, _, _ := strings.Cut(rest, ":")
-		name, _, _ = strings.Cut(name, "/")
-		return name
+	n, fault := wholeNumber(v, 1, 128)
+	if fault != "" {
+		return 1, fmt.Errorf("%w: %s: want a whole number from 1 to 128, got %s at byte %d", ErrMalformed, name, fault, v.off)
 	}
-	return ""
+	return n, nil
 }
 
-// errShape reports a body field of an unexpected JSON type.
-func errShape(field string, raw json.RawMessage) error {
-	s := string(raw)
-	if len(s) > 40 {
-		s = s[:40] + "…"
+// wholeNumber reads v as an integer in [lo, hi]; fault describes what is
+// wrong with it without quoting it.
+func wholeNumber(v jval, lo, hi int) (n int, fault string) {
+	if v.kind() != '0' {
+		return 0, v.kindName()
 	}
-	return fmt.Errorf("%w: %s has an unexpected shape: %s", ErrMalformed, field, s)
+	text := v.text()
+	n64, err := strconv.ParseInt(string(text), 10, 64)
+	switch {
+	case err != nil && bytes.ContainsAny(text, ".eE"):
+		return 0, "a number with a fraction or an exponent"
+	case err != nil && text[0] == '-', err == nil && n64 < int64(lo):
+		return 0, fmt.Sprintf("a number below %d", lo)
+	case err != nil, n64 > int64(hi):
+		return 0, fmt.Sprintf("a number above %d", hi)
+	}
+	return int(n64), ""
 }

@@ -1,110 +1,14 @@
 package tokenizer
 
 import (
-	"bytes"
-	"encoding/json"
 	"math"
 	"strings"
 )
 
-// body is the union of the top-level fields of every request shape this
-// package counts (S22). Polymorphic fields stay raw and are decoded where
-// they are counted.
-type body struct {
-	Model               string            `json:"model"`
-	Messages            []message         `json:"messages"`
-	Tools               []json.RawMessage `json:"tools"`
-	Functions           []functionDef     `json:"functions"`
-	Prompt              json.RawMessage   `json:"prompt"`
-	Suffix              json.RawMessage   `json:"suffix"`
-	Input               json.RawMessage   `json:"input"`
-	Instructions        json.RawMessage   `json:"instructions"`
-	System              json.RawMessage   `json:"system"`
-	Contents            []geminiContent   `json:"contents"`
-	SystemInstruction   *geminiContent    `json:"systemInstruction"`
-	GenerationConfig    *generationConfig `json:"generationConfig"`
-	ResponseFormat      json.RawMessage   `json:"response_format"`
-	AnthropicVersion    json.RawMessage   `json:"anthropic_version"`
-	PreviousResponseID  json.RawMessage   `json:"previous_response_id"`
-	EncodingFormat      json.RawMessage   `json:"encoding_format"`
-	Dimensions          json.RawMessage   `json:"dimensions"`
-	Thinking            json.RawMessage   `json:"thinking"`
-	MaxTokens           json.RawMessage   `json:"max_tokens"`
-	MaxCompletionTokens json.RawMessage   `json:"max_completion_tokens"`
-	MaxOutputTokens     json.RawMessage   `json:"max_output_tokens"`
-	N                   json.RawMessage   `json:"n"`
-	BestOf              json.RawMessage   `json:"best_of"`
-	Stream              bool              `json:"stream"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-}
-
-type message struct {
-	Role         string          `json:"role"`
-	Content      json.RawMessage `json:"content"`
-	Name         string          `json:"name"`
-	ToolCallID   string          `json:"tool_call_id"`
-	ToolCalls    []toolCall      `json:"tool_calls"`
-	FunctionCall *functionCall   `json:"function_call"`
-	Refusal      *string         `json:"refusal"`
-}
-
-type toolCall struct {
-	Function functionCall `json:"function"`
-}
-
-type functionCall struct {
-	Name      string `json:"name"`
-	Arguments string `json:"arguments"`
-}
-
-type functionDef struct {
-	Name        string          `json:"name"`
-	Description string          `json:"description"`
-	Parameters  json.RawMessage `json:"parameters"`
-	// Anthropic spelling of Parameters.
-	InputSchema json.RawMessage `json:"input_schema"`
-}
-
-type geminiContent struct {
-	Role  string       `json:"role"`
-	Parts []geminiPart `json:"parts"`
-}
-
-type geminiPart struct {
-	Text             *string         `json:"text"`
-	InlineData       json.RawMessage `json:"inlineData"`
-	FileData         json.RawMessage `json:"fileData"`
-	FunctionCall     json.RawMessage `json:"functionCall"`
-	FunctionResponse json.RawMessage `json:"functionResponse"`
-}
-
-type generationConfig struct {
-	MaxOutputTokens json.RawMessage `json:"maxOutputTokens"`
-	CandidateCount  json.RawMessage `json:"candidateCount"`
-}
-
-// contentPart is one element of a content array, in any of the shapes of
-// OpenAI chat, Responses and Anthropic messages.
-type contentPart struct {
-	Type     string          `json:"type"`
-	Text     *string         `json:"text"`
-	Refusal  string          `json:"refusal"`
-	Thinking string          `json:"thinking"`
-	ImageURL json.RawMessage `json:"image_url"`
-	Detail   string          `json:"detail"`
-	Source   json.RawMessage `json:"source"`
-	// Anthropic tool_use / tool_result
-	Name    string          `json:"name"`
-	Input   json.RawMessage `json:"input"`
-	Content json.RawMessage `json:"content"`
-	// Responses items
-	Role      string          `json:"role"`
-	Arguments string          `json:"arguments"`
-	Output    json.RawMessage `json:"output"`
-	Summary   []contentPart   `json:"summary"`
-}
+// The functions below count each request shape (S22) from the fields of a
+// parsed body (see request.go). Every object is read with exact keys and
+// the last duplicate winning; a field of the wrong JSON type is refused
+// with ErrMalformed, naming the field and its offset.
 
 // tally accumulates the input tokens of one request.
 type tally struct {
@@ -116,23 +20,11 @@ type tally struct {
 	// fixed counts tokens that are not scaled by the estimate factor
 	// (images, documented framing).
 	n, fixed int
+	// buf holds the canonical text of raw JSON values.
+	buf []byte
 }
 
 func (t *tally) text(s string) { t.n += t.v.countText(t.w, s) }
-
-// raw counts a JSON value as its compact text: the conservative choice for
-// structures whose rendering the provider does not document.
-func (t *tally) raw(r json.RawMessage) {
-	if len(r) == 0 || string(r) == "null" {
-		return
-	}
-	var buf bytes.Buffer
-	if json.Compact(&buf, r) == nil {
-		t.text(buf.String())
-		return
-	}
-	t.text(string(r))
-}
 
 // Estimation for families whose tokenizer is not public: o200k_base text
 // counts scaled by a factor measured on the recorded traffic in
@@ -183,39 +75,147 @@ func (t *tally) chat(b *body) error {
 		perMsg, perName = 4, -1
 	}
 	t.n += 3
-	for i := range b.Messages {
-		m := &b.Messages[i]
+	if err := wantArray(b.Messages, "messages"); err != nil {
+		return err
+	}
+	for m := range b.Messages.elems() {
+		if m.kind() != '{' {
+			return errShape("messages[]", m, "an object")
+		}
+		var role, name, content, refusal, toolCalls, functionCall jval
+		for k, v := range m.members() {
+			switch string(k) {
+			case "role":
+				role = v
+			case "name":
+				name = v
+			case "content":
+				content = v
+			case "refusal":
+				refusal = v
+			case "tool_calls":
+				toolCalls = v
+			case "function_call":
+				functionCall = v
+			}
+		}
 		t.n += perMsg
-		t.text(m.Role)
-		if err := t.content(m.Content, "messages.content"); err != nil {
+		if err := t.textField(role, "messages[].role"); err != nil {
 			return err
 		}
-		if m.Name != "" {
-			t.text(m.Name)
-			t.n += perName
+		if err := t.content(content, "messages[].content"); err != nil {
+			return err
 		}
-		if m.Refusal != nil {
-			t.text(*m.Refusal)
+		if name.present() {
+			s, err := stringField(name, "messages[].name")
+			if err != nil {
+				return err
+			}
+			if s != "" {
+				t.text(s)
+				t.n += perName
+			}
 		}
-		for _, tc := range m.ToolCalls {
-			t.call(tc.Function.Name, tc.Function.Arguments)
+		if err := t.textField(refusal, "messages[].refusal"); err != nil {
+			return err
 		}
-		if m.FunctionCall != nil {
-			t.call(m.FunctionCall.Name, m.FunctionCall.Arguments)
+		if err := wantArray(toolCalls, "messages[].tool_calls"); err != nil {
+			return err
+		}
+		for tc := range toolCalls.elems() {
+			if tc.kind() != '{' {
+				return errShape("messages[].tool_calls[]", tc, "an object")
+			}
+			var fn jval
+			for k, v := range tc.members() {
+				if string(k) == "function" {
+					fn = v
+				}
+			}
+			if err := t.callObject(fn, "messages[].tool_calls[].function"); err != nil {
+				return err
+			}
+		}
+		if functionCall.present() {
+			if err := t.callObject(functionCall, "messages[].function_call"); err != nil {
+				return err
+			}
 		}
 	}
 	defs, err := toolDefs(b.Tools)
 	if err != nil {
 		return err
 	}
-	defs = append(defs, b.Functions...)
+	if err := wantArray(b.Functions, "functions"); err != nil {
+		return err
+	}
+	for f := range b.Functions.elems() {
+		def, err := readFunctionDef(f, "functions[]")
+		if err != nil {
+			return err
+		}
+		defs = append(defs, def)
+	}
 	t.functions(defs)
 	if len(defs) > 0 && reasoningModel(t.model) {
 		t.fixed += reasoningChatToolPreamble
 	}
-	if len(b.ResponseFormat) > 0 && bytes.Contains(b.ResponseFormat, []byte(`"json_schema"`)) {
-		t.raw(b.ResponseFormat)
+	if b.ResponseFormat.kind() == '{' {
+		for k, v := range b.ResponseFormat.members() {
+			if string(k) == "type" && v.isString("json_schema") {
+				t.raw(b.ResponseFormat)
+				break
+			}
+		}
 	}
+	return nil
+}
+
+// wantArray checks that a field is an array, null or absent.
+func wantArray(v jval, field ...string) error {
+	if v.present() && v.kind() != '[' {
+		return errShape(strings.Join(field, ""), v, "an array")
+	}
+	return nil
+}
+
+// textField counts a string field; absent or null counts nothing.
+func (t *tally) textField(v jval, field ...string) error {
+	s, err := stringField(v, field...)
+	if err != nil {
+		return err
+	}
+	if s != "" {
+		t.text(s)
+	}
+	return nil
+}
+
+// callObject counts a {"name", "arguments"} tool call object.
+func (t *tally) callObject(fn jval, field string) error {
+	if fn.present() && fn.kind() != '{' {
+		return errShape(field, fn, "an object")
+	}
+	var name, args jval
+	if fn.kind() == '{' {
+		for k, v := range fn.members() {
+			switch string(k) {
+			case "name":
+				name = v
+			case "arguments":
+				args = v
+			}
+		}
+	}
+	n, err := stringField(name, field, ".name")
+	if err != nil {
+		return err
+	}
+	a, err := stringField(args, field, ".arguments")
+	if err != nil {
+		return err
+	}
+	t.call(n, a)
 	return nil
 }
 
@@ -227,28 +227,92 @@ func (t *tally) call(name, args string) {
 	t.n += 3
 }
 
+// functionDef is one tool or function definition.
+type functionDef struct {
+	Name, Description string
+	// Parameters is the JSON schema; Anthropic spells it input_schema.
+	Parameters jval
+}
+
+// readFunctionDef reads {"name", "description", "parameters"|"input_schema"}.
+func readFunctionDef(v jval, field string) (functionDef, error) {
+	if v.kind() == 'n' {
+		return functionDef{}, nil
+	}
+	if v.kind() != '{' {
+		return functionDef{}, errShape(field, v, "an object")
+	}
+	var name, desc, params, schema jval
+	for k, m := range v.members() {
+		switch string(k) {
+		case "name":
+			name = m
+		case "description":
+			desc = m
+		case "parameters":
+			params = m
+		case "input_schema":
+			schema = m
+		}
+	}
+	var f functionDef
+	var err error
+	if f.Name, err = stringField(name, field, ".name"); err != nil {
+		return f, err
+	}
+	if f.Description, err = stringField(desc, field, ".description"); err != nil {
+		return f, err
+	}
+	f.Parameters = params
+	if params.absent() {
+		f.Parameters = schema
+	}
+	return f, nil
+}
+
 // toolDefs extracts function definitions from a tools array in the chat
 // ({"type":"function","function":{...}}) or Responses ({"type":"function",
 // "name":...}) shape; other tools are counted as their JSON.
-func toolDefs(tools []json.RawMessage) ([]functionDef, error) {
+func toolDefs(tools jval) ([]functionDef, error) {
+	if err := wantArray(tools, "tools"); err != nil {
+		return nil, err
+	}
 	var defs []functionDef
-	for _, raw := range tools {
-		var tool struct {
-			Type     string       `json:"type"`
-			Function *functionDef `json:"function"`
-			functionDef
+	for tool := range tools.elems() {
+		if tool.kind() != '{' && tool.kind() != 'n' {
+			return nil, errShape("tools[]", tool, "an object")
 		}
-		if err := decodeJSON(raw, &tool); err != nil {
-			return nil, errShape("tools[]", raw)
+		var typ, fn jval
+		if tool.kind() == '{' {
+			for k, v := range tool.members() {
+				switch string(k) {
+				case "type":
+					typ = v
+				case "function":
+					fn = v
+				}
+			}
 		}
-		switch {
-		case tool.Function != nil:
-			defs = append(defs, *tool.Function)
-		case tool.Name != "":
-			defs = append(defs, tool.functionDef)
-		default:
-			defs = append(defs, functionDef{Name: tool.Type, Parameters: raw})
+		typeName, err := stringField(typ, "tools[].type")
+		if err != nil {
+			return nil, err
 		}
+		if fn.present() {
+			def, err := readFunctionDef(fn, "tools[].function")
+			if err != nil {
+				return nil, err
+			}
+			defs = append(defs, def)
+			continue
+		}
+		def, err := readFunctionDef(tool, "tools[]")
+		if err != nil {
+			return nil, err
+		}
+		if def.Name == "" {
+			def = functionDef{Name: typeName, Parameters: tool}
+		}
+		defs = append(defs, def)
 	}
 	return defs, nil
 }
@@ -270,86 +334,212 @@ func (t *tally) functions(defs []functionDef) {
 	for _, f := range defs {
 		t.n += funcInit
 		t.text(f.Name + ":" + strings.TrimSuffix(f.Description, "."))
-		params := f.Parameters
-		if len(params) == 0 {
-			params = f.InputSchema
-		}
-		var schema struct {
-			Properties map[string]json.RawMessage `json:"properties"`
-		}
-		if decodeJSON(params, &schema) != nil {
-			t.raw(params)
+		props, ok := schemaProperties(f.Parameters)
+		if !ok {
+			t.raw(f.Parameters)
 			continue
 		}
-		if len(schema.Properties) == 0 {
+		if len(props) == 0 {
 			continue
 		}
 		t.n += 3
-		for key, raw := range schema.Properties {
+		for _, p := range props {
 			t.n += 3
-			var p struct {
-				Type        json.RawMessage   `json:"type"`
-				Description string            `json:"description"`
-				Enum        []json.RawMessage `json:"enum"`
-				Properties  json.RawMessage   `json:"properties"`
-				Items       json.RawMessage   `json:"items"`
-				AnyOf       json.RawMessage   `json:"anyOf"`
-			}
-			if decodeJSON(raw, &p) != nil {
-				t.raw(raw)
-				continue
-			}
-			if len(p.Enum) > 0 {
-				t.n -= 3
-				for _, item := range p.Enum {
-					t.n += 3
-					var s string
-					if decodeJSON(item, &s) == nil {
-						t.text(s)
-					} else {
-						t.raw(item)
-					}
-				}
-			}
-			typ := ""
-			if decodeJSON(p.Type, &typ) != nil {
-				typ = string(p.Type)
-			}
-			t.text(key + ":" + typ + ":" + strings.TrimSuffix(p.Description, "."))
-			t.raw(p.Properties)
-			t.raw(p.Items)
-			t.raw(p.AnyOf)
+			t.property(p.key, p.v)
 		}
 	}
 	t.n += 12
 }
 
-// content counts a message content: a string, null, or an array of parts.
-func (t *tally) content(raw json.RawMessage, field string) error {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil
+// schemaProperties returns the members of a schema's "properties", the
+// last of duplicate keys winning; ok is false when the schema is not an
+// object with an object (or no) "properties".
+func schemaProperties(schema jval) (props []member, ok bool) {
+	switch schema.kind() {
+	case 'n':
+		return nil, true
+	case '{':
+	default:
+		return nil, false
 	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := decodeJSON(raw, &s); err != nil {
-			return errShape(field, raw)
+	var pv jval
+	for k, v := range schema.members() {
+		if string(k) == "properties" {
+			pv = v
 		}
-		t.text(s)
+	}
+	switch pv.kind() {
+	case 0, 'n':
+		return nil, true
+	case '{':
+	default:
+		return nil, false
+	}
+	return objectMembers(pv), true
+}
+
+// property counts one schema property: "key:type:description", its enum,
+// and its nested schemas as JSON. A property of an unexpected shape is
+// counted as its JSON.
+func (t *tally) property(key string, raw jval) {
+	if raw.kind() != '{' && raw.kind() != 'n' {
+		t.raw(raw)
+		return
+	}
+	var typ, desc, enum, props, items, anyOf jval
+	if raw.kind() == '{' {
+		for k, v := range raw.members() {
+			switch string(k) {
+			case "type":
+				typ = v
+			case "description":
+				desc = v
+			case "enum":
+				enum = v
+			case "properties":
+				props = v
+			case "items":
+				items = v
+			case "anyOf":
+				anyOf = v
+			}
+		}
+	}
+	description, err := stringField(desc, "")
+	if err != nil || enum.present() && enum.kind() != '[' {
+		t.raw(raw)
+		return
+	}
+	if enum.kind() == '[' {
+		first := true
+		for item := range enum.elems() {
+			if first {
+				t.n -= 3
+				first = false
+			}
+			t.n += 3
+			if item.kind() == '"' {
+				t.text(item.str())
+			} else {
+				t.raw(item)
+			}
+		}
+	}
+	typeName := ""
+	if typ.kind() == '"' {
+		typeName = typ.str()
+	} else if typ.present() {
+		typeName = string(canonicalJSON(nil, typ))
+	}
+	t.text(key + ":" + typeName + ":" + strings.TrimSuffix(description, "."))
+	t.raw(props)
+	t.raw(items)
+	t.raw(anyOf)
+}
+
+// content counts a message content: a string, null, or an array of parts.
+func (t *tally) content(v jval, field string) error {
+	switch v.kind() {
+	case 0, 'n':
+		return nil
+	case '"':
+		t.text(v.str())
 		return nil
 	case '[':
-		var parts []contentPart
-		if err := decodeJSON(raw, &parts); err != nil {
-			return errShape(field, raw)
-		}
-		for i := range parts {
-			if err := t.part(&parts[i], field); err != nil {
+		for p := range v.elems() {
+			part, err := readPart(p, field)
+			if err != nil {
+				return err
+			}
+			if err := t.part(&part, field); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	return errShape(field, raw)
+	return errShape(field, v, "a string, an array or null")
+}
+
+// contentPart is one element of a content array, in any of the shapes of
+// OpenAI chat, Responses and Anthropic messages.
+type contentPart struct {
+	Type, Refusal, Thinking, Detail string
+	Text                            *string
+	ImageURL                        jval
+	// Anthropic tool_use / tool_result
+	Name           string
+	Input, Content jval
+	// Responses items
+	Role, Arguments string
+	Output, Summary jval
+}
+
+// readPart reads one content part or Responses item, an element of the
+// array field.
+func readPart(v jval, field string) (contentPart, error) {
+	var p contentPart
+	if v.kind() == 'n' {
+		return p, nil
+	}
+	if v.kind() != '{' {
+		return p, errShape(field+"[]", v, "an object")
+	}
+	var typ, text, refusal, thinking, detail, name, role, args jval
+	for k, m := range v.members() {
+		switch string(k) {
+		case "type":
+			typ = m
+		case "text":
+			text = m
+		case "refusal":
+			refusal = m
+		case "thinking":
+			thinking = m
+		case "detail":
+			detail = m
+		case "image_url":
+			p.ImageURL = m
+		case "name":
+			name = m
+		case "input":
+			p.Input = m
+		case "content":
+			p.Content = m
+		case "role":
+			role = m
+		case "arguments":
+			args = m
+		case "output":
+			p.Output = m
+		case "summary":
+			p.Summary = m
+		}
+	}
+	for _, f := range []struct {
+		dst  *string
+		v    jval
+		name string
+	}{
+		{&p.Type, typ, "[].type"}, {&p.Refusal, refusal, "[].refusal"}, {&p.Thinking, thinking, "[].thinking"},
+		{&p.Detail, detail, "[].detail"}, {&p.Name, name, "[].name"}, {&p.Role, role, "[].role"}, {&p.Arguments, args, "[].arguments"},
+	} {
+		s, err := stringField(f.v, field, f.name)
+		if err != nil {
+			return p, err
+		}
+		*f.dst = s
+	}
+	if text.present() {
+		s, err := stringField(text, field, "[].text")
+		if err != nil {
+			return p, err
+		}
+		p.Text = &s
+	}
+	if err := wantArray(p.Summary, field, "[].summary"); err != nil {
+		return p, err
+	}
+	return p, nil
 }
 
 // part counts one content part of any shape.
@@ -363,14 +553,14 @@ func (t *tally) part(p *contentPart, field string) error {
 		t.raw(p.Input)
 		return nil
 	case "tool_result":
-		return t.content(p.Content, field+".tool_result")
+		return t.content(p.Content, field) // errors name the outer field; the offset points inside
 	}
 	if p.Text != nil {
 		t.text(*p.Text)
 	}
 	t.text(p.Refusal)
 	t.text(p.Thinking)
-	if len(p.Content) > 0 {
+	if !p.Content.absent() {
 		return t.content(p.Content, field)
 	}
 	return nil
@@ -399,11 +589,14 @@ func (t *tally) image(p *contentPart) int {
 		return geminiImageMax
 	}
 	detail := p.Detail
-	var iu struct {
-		Detail string `json:"detail"`
-	}
-	if decodeJSON(p.ImageURL, &iu) == nil && iu.Detail != "" {
-		detail = iu.Detail
+	if p.ImageURL.kind() == '{' {
+		for k, v := range p.ImageURL.members() {
+			if string(k) == "detail" && v.kind() == '"' {
+				if s := v.str(); s != "" {
+					detail = s
+				}
+			}
+		}
 	}
 	mini := strings.HasPrefix(t.model, "gpt-4o-mini")
 	if detail == "low" {
@@ -421,41 +614,41 @@ func (t *tally) image(p *contentPart) int {
 // prompt counts a completions prompt or an embeddings input: a string, an
 // array of strings, an array of token ids, or an array of token arrays. It
 // returns the number of prompts.
-func (t *tally) prompt(raw json.RawMessage, field string) (int, error) {
-	if len(raw) == 0 || string(raw) == "null" {
+func (t *tally) prompt(v jval, field string) (int, error) {
+	switch v.kind() {
+	case 0, 'n':
 		return 0, nil
-	}
-	var s string
-	if decodeJSON(raw, &s) == nil {
-		t.text(s)
+	case '"':
+		t.text(v.str())
 		return 1, nil
+	case '[':
+	default:
+		return 0, errShape(field, v, "a string or an array")
 	}
-	var items []json.RawMessage
-	if err := decodeJSON(raw, &items); err != nil {
-		return 0, errShape(field, raw)
-	}
-	allInts := true
-	for _, it := range items {
-		if len(it) == 0 || (it[0] != '-' && (it[0] < '0' || it[0] > '9')) {
+	allInts, items := true, 0
+	for it := range v.elems() {
+		items++
+		if it.kind() != '0' {
 			allInts = false
 		}
 	}
 	if allInts {
-		t.n += len(items)
+		t.n += items
 		return 1, nil
 	}
-	for _, it := range items {
-		if decodeJSON(it, &s) == nil {
-			t.text(s)
-			continue
+	for it := range v.elems() {
+		switch it.kind() {
+		case '"':
+			t.text(it.str())
+		case '[':
+			for range it.elems() {
+				t.n++
+			}
+		default:
+			return 0, errShape(field+"[]", it, "a string or an array")
 		}
-		var ids []json.RawMessage
-		if err := decodeJSON(it, &ids); err != nil {
-			return 0, errShape(field+"[]", it)
-		}
-		t.n += len(ids)
 	}
-	return len(items), nil
+	return items, nil
 }
 
 // responses counts the Responses API. Its framing is not documented; items
@@ -463,60 +656,30 @@ func (t *tally) prompt(raw json.RawMessage, field string) (int, error) {
 // close (see the repository README).
 func (t *tally) responses(b *body) error {
 	t.n += 3
-	if len(b.Instructions) > 0 && string(b.Instructions) != "null" {
+	if b.Instructions.present() {
 		t.n += 3 + 1 // a developer message
 		if err := t.content(b.Instructions, "instructions"); err != nil {
 			return err
 		}
 	}
-	if len(b.Input) > 0 && b.Input[0] == '"' {
+	switch b.Input.kind() {
+	case '"':
 		t.n += 3
 		t.text("user")
-		return t.finishResponses(b, t.content(b.Input, "input"))
-	}
-	if len(b.Input) > 0 && string(b.Input) != "null" {
-		var items []contentPart
-		if err := decodeJSON(b.Input, &items); err != nil {
-			return errShape("input", b.Input)
-		}
-		for i := range items {
-			it := &items[i]
-			switch it.Type {
-			case "", "message":
-				t.n += 3
-				t.text(it.Role)
-				if err := t.content(it.Content, "input[].content"); err != nil {
-					return err
-				}
-			case "function_call":
-				t.call(it.Name, it.Arguments)
-			case "function_call_output":
-				t.n += 3
-				var s string
-				if decodeJSON(it.Output, &s) == nil {
-					t.text(s)
-				} else {
-					t.raw(it.Output)
-				}
-			case "reasoning":
-				for j := range it.Summary {
-					if err := t.part(&it.Summary[j], "input[].summary"); err != nil {
-						return err
-					}
-				}
-			default:
-				if err := t.part(it, "input[]"); err != nil {
-					return err
-				}
+		t.text(b.Input.str())
+	case '[':
+		for v := range b.Input.elems() {
+			it, err := readPart(v, "input")
+			if err != nil {
+				return err
+			}
+			if err := t.item(&it); err != nil {
+				return err
 			}
 		}
-	}
-	return t.finishResponses(b, nil)
-}
-
-func (t *tally) finishResponses(b *body, err error) error {
-	if err != nil {
-		return err
+	case 0, 'n':
+	default:
+		return errShape("input", b.Input, "a string or an array")
 	}
 	defs, err := toolDefs(b.Tools)
 	if err != nil {
@@ -529,6 +692,38 @@ func (t *tally) finishResponses(b *body, err error) error {
 	return nil
 }
 
+// item counts one Responses input item.
+func (t *tally) item(it *contentPart) error {
+	switch it.Type {
+	case "", "message":
+		t.n += 3
+		t.text(it.Role)
+		return t.content(it.Content, "input[].content")
+	case "function_call":
+		t.call(it.Name, it.Arguments)
+	case "function_call_output":
+		t.n += 3
+		if it.Output.kind() == '"' {
+			t.text(it.Output.str())
+		} else {
+			t.raw(it.Output)
+		}
+	case "reasoning":
+		for v := range it.Summary.elems() {
+			s, err := readPart(v, "input[].summary")
+			if err != nil {
+				return err
+			}
+			if err := t.part(&s, "input[].summary"); err != nil {
+				return err
+			}
+		}
+	default:
+		return t.part(it, "input[]")
+	}
+	return nil
+}
+
 // anthropic counts Anthropic messages: system, messages with content
 // blocks, and tool definitions, as o200k_base text scaled by
 // anthropicFactor, plus per-message framing and the documented tool prompt.
@@ -536,60 +731,189 @@ func (t *tally) anthropic(b *body) error {
 	if err := t.content(b.System, "system"); err != nil {
 		return err
 	}
-	for i := range b.Messages {
-		m := &b.Messages[i]
+	if err := wantArray(b.Messages, "messages"); err != nil {
+		return err
+	}
+	for m := range b.Messages.elems() {
+		if m.kind() != '{' {
+			return errShape("messages[]", m, "an object")
+		}
+		var content jval
+		for k, v := range m.members() {
+			if string(k) == "content" {
+				content = v
+			}
+		}
 		t.n += 4
-		if err := t.content(m.Content, "messages.content"); err != nil {
+		if err := t.content(content, "messages[].content"); err != nil {
 			return err
 		}
 	}
-	if bytes.Contains(b.Thinking, []byte(`"enabled"`)) {
+	if _, enabled := thinking(b.Thinking); enabled {
 		t.fixed += anthropicThinkingPrompt
 	}
-	if len(b.Tools) > 0 {
+	if err := wantArray(b.Tools, "tools"); err != nil {
+		return err
+	}
+	tools := 0
+	for tool := range b.Tools.elems() {
+		tools++
+		f, err := readFunctionDef(tool, "tools[]")
+		if err != nil || f.Name == "" {
+			t.raw(tool) // server tools (web search, code execution)
+			continue
+		}
+		t.text(f.Name)
+		t.text(f.Description)
+		t.raw(f.Parameters)
+		t.n += 4
+	}
+	if tools > 0 {
 		if strings.HasPrefix(t.model, "claude-haiku-4") {
 			t.fixed += anthropicHaiku4ToolPrompt
 		} else {
 			t.fixed += anthropicToolPrompt
-		}
-		for _, raw := range b.Tools {
-			var f functionDef
-			if decodeJSON(raw, &f) != nil || f.Name == "" {
-				t.raw(raw) // server tools (web search, code execution)
-				continue
-			}
-			t.text(f.Name)
-			t.text(f.Description)
-			t.raw(f.InputSchema)
-			t.n += 4
 		}
 	}
 	return nil
 }
 
 // gemini counts generateContent: systemInstruction, contents and tools, as
-// o200k_base text scaled by geminiFactor.
+// o200k_base text scaled by geminiFactor. Every field may be spelled in
+// camelCase or snake_case; both spellings are counted.
 func (t *tally) gemini(b *body) error {
-	count := func(c *geminiContent) {
-		for _, p := range c.Parts {
-			if p.Text != nil {
-				t.text(*p.Text)
-			}
-			if len(p.InlineData) > 0 || len(p.FileData) > 0 {
-				t.fixed += geminiImageMax
-			}
-			t.raw(p.FunctionCall)
-			t.raw(p.FunctionResponse)
+	for i, name := range [2]string{"systemInstruction", "system_instruction"} {
+		if err := t.geminiContent(b.SystemInstruction[i], name); err != nil {
+			return err
 		}
 	}
-	if b.SystemInstruction != nil {
-		count(b.SystemInstruction)
+	if err := wantArray(b.Contents, "contents"); err != nil {
+		return err
 	}
-	for i := range b.Contents {
-		count(&b.Contents[i])
+	for c := range b.Contents.elems() {
+		if err := t.geminiContent(c, "contents[]"); err != nil {
+			return err
+		}
 	}
-	for _, raw := range b.Tools {
-		t.raw(raw)
+	if err := wantArray(b.Tools, "tools"); err != nil {
+		return err
+	}
+	for tool := range b.Tools.elems() {
+		t.raw(tool)
 	}
 	return nil
+}
+
+// geminiContent counts one Content: {"role", "parts": [Part]}.
+func (t *tally) geminiContent(c jval, field string) error {
+	switch c.kind() {
+	case 0, 'n':
+		return nil
+	case '{':
+	default:
+		return errShape(field, c, "an object")
+	}
+	var parts jval
+	for k, v := range c.members() {
+		if string(k) == "parts" {
+			parts = v
+		}
+	}
+	if err := wantArray(parts, field, ".parts"); err != nil {
+		return err
+	}
+	for p := range parts.elems() {
+		if p.kind() == 'n' {
+			continue
+		}
+		if p.kind() != '{' {
+			return errShape(field+".parts[]", p, "an object")
+		}
+		var text jval
+		var media, calls [4]jval
+		for k, v := range p.members() {
+			switch string(k) {
+			case "text":
+				text = v
+			case "inlineData":
+				media[0] = v
+			case "inline_data":
+				media[1] = v
+			case "fileData":
+				media[2] = v
+			case "file_data":
+				media[3] = v
+			case "functionCall":
+				calls[0] = v
+			case "function_call":
+				calls[1] = v
+			case "functionResponse":
+				calls[2] = v
+			case "function_response":
+				calls[3] = v
+			}
+		}
+		if err := t.textField(text, field, ".parts[].text"); err != nil {
+			return err
+		}
+		for _, m := range media {
+			if m.present() {
+				t.fixed += geminiImageMax
+				break
+			}
+		}
+		for _, c := range calls {
+			t.raw(c)
+		}
+	}
+	return nil
+}
+
+// geminiEmbed counts embedContent ({"content", "title"}) and
+// batchEmbedContents ({"requests": [{"content", "title"}]}).
+func (t *tally) geminiEmbed(b *body) error {
+	if b.Content.present() {
+		if err := t.geminiContent(b.Content, "content"); err != nil {
+			return err
+		}
+		if err := t.textField(b.Title, "title"); err != nil {
+			return err
+		}
+	}
+	if err := wantArray(b.Requests, "requests"); err != nil {
+		return err
+	}
+	for r := range b.Requests.elems() {
+		if r.kind() != '{' {
+			return errShape("requests[]", r, "an object")
+		}
+		var content, title jval
+		for k, v := range r.members() {
+			switch string(k) {
+			case "content":
+				content = v
+			case "title":
+				title = v
+			}
+		}
+		if err := t.geminiContent(content, "requests[].content"); err != nil {
+			return err
+		}
+		if err := t.textField(title, "requests[].title"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// raw counts a JSON value as its canonical compact text: the conservative
+// choice for structures whose rendering the provider does not document.
+// Canonical, so that what is counted is the value the provider parses,
+// not the client's spelling of it (see canonicalJSON).
+func (t *tally) raw(v jval) {
+	if !v.present() {
+		return
+	}
+	t.buf = canonicalJSON(t.buf[:0], v)
+	t.text(string(t.buf))
 }

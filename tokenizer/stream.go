@@ -86,7 +86,7 @@ func (s *Stream) advance() {
 		if eof && len(text)-i <= maxPending {
 			break
 		}
-		s.done += s.v.countPiece(w, sanitize(text[i:e]))
+		s.done += s.v.countPiece(w, text[i:e])
 		i = e
 	}
 	if i > 0 {

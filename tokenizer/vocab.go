@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/pkoukk/tiktoken-go-loader/assets"
@@ -18,7 +19,8 @@ const (
 )
 
 // vocab is one BPE vocabulary: the rank of every mergeable byte string.
-// It is immutable once built and safe for concurrent use.
+// It is immutable once built (but for planes, computed on first use under
+// a lock) and safe for concurrent use.
 type vocab struct {
 	name  string
 	id    int // index of the vocabulary in per-worker caches
@@ -35,11 +37,12 @@ type vocab struct {
 	shortKeys  []uint64
 	shortRanks []int32
 	shortMask  uint64
-	// filter is a blocked Bloom filter over the keys of short and mid:
-	// 256 KB, small enough to stay in the CPU cache where the tables do
-	// not. Most BPE merge look-ups, and most whole-piece look-ups of
-	// random text, ask for a string that is not a token; the filter
-	// answers them with one cached word (see mayBeShort, mayBeMid).
+	// filter is a blocked Bloom filter over the keys of short and mid and
+	// over the longer tokens: 256 KB, small enough to stay in the CPU
+	// cache where the tables and the map do not. Most BPE merge look-ups,
+	// and most whole-piece look-ups of random text, ask for a string that
+	// is not a token; the filter answers them with one cached word (see
+	// mayBeShort, mayBeMid, mayBeLong).
 	filter []uint64
 	// mid is the same for tokens of 8 to 15 bytes, keyed by two words
 	// (CJK merges look up 6 to 12 bytes all the time).
@@ -47,14 +50,22 @@ type vocab struct {
 	midRanks []int32
 	midMask  uint64
 	// chars tells, for every rune below 0x10000, whether a piece may start
-	// its merges from the character as one part, and cuts lists the tokens
-	// that forbid it in some contexts (see premerge.go).
-	chars []charInfo
-	cuts  []cutList
+	// its merges from the character as one part or be cut around it;
+	// charMaps holds what computing the same for a four-byte character
+	// takes; cuts lists the tokens that forbid either in some contexts
+	// (see premerge.go).
+	chars    []charInfo
+	planes   [16]suppPlane // the same for planes 1 to 16, on first use
+	charMaps *charMaps
+	cuts     []cutList
+	near     []cutNear // the first filter of each of cuts
 	// split finds the end of the pre-tokenizer piece starting at i.
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
 	tokens []string
+	// valid has bit r set when token r is valid UTF-8 (not a fragment of
+	// a character).
+	valid []uint64
 }
 
 // numVocabs is the number of vocabularies this package can load.
@@ -192,6 +203,15 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 			v.putMid(k, e.rank)
 			i, m := filterSlot(k[0]*0xD6E8FEB86659FD93 ^ k[1])
 			v.filter[i] |= m
+		default:
+			i, m := filterSlot(longKey(tok))
+			v.filter[i] |= m
+		}
+	}
+	v.valid = make([]uint64, (len(v.tokens)+63)/64)
+	for r, tok := range v.tokens {
+		if utf8.ValidString(tok) {
+			v.valid[r>>6] |= 1 << (r & 63)
 		}
 	}
 	for b, r := range v.bytes {
@@ -207,13 +227,26 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 const shortMax = 7
 
 // packShort packs s (at most 7 bytes) and its length into a word; a
-// packed key is never 0, which marks an empty slot.
+// packed key is never 0, which marks an empty slot. Two overlapping loads
+// (they agree on the bytes they share) replace a loop over the bytes.
 func packShort(s string) uint64 {
-	k := uint64(len(s)) << 56
-	for i := 0; i < len(s); i++ {
-		k |= uint64(s[i]) << (8 * i)
+	n := len(s)
+	var k uint64
+	switch {
+	case n >= 4:
+		k = uint64(load32(s, 0)) | uint64(load32(s, n-4))<<(8*(n-4))
+	case n >= 2:
+		k = uint64(s[0]) | uint64(s[1])<<8 | (uint64(s[n-2])|uint64(s[n-1])<<8)<<(8*(n-2))
+	case n == 1:
+		k = uint64(s[0])
 	}
-	return k
+	return k | uint64(n)<<56
+}
+
+// load32 returns the 4 bytes of s at i as a little-endian word.
+func load32(s string, i int) uint32 {
+	s = s[i : i+4]
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
 }
 
 func shortHash(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> 40 }
@@ -242,6 +275,24 @@ func filterSlot(k uint64) (uint64, uint64) {
 // certain (no false negatives), true is wrong for about 1 % of non-tokens.
 func (v *vocab) mayBeShort(k uint64) bool {
 	i, m := filterSlot(k)
+	return v.filter[i&(1<<filterBits-1)]&m == m
+}
+
+// longKey is the filter key of a string longer than midMax: its length,
+// first and last 8 bytes.
+func longKey(s string) uint64 {
+	var a, b uint64
+	n := len(s)
+	for i := range 8 {
+		a |= uint64(s[i]) << (8 * i)
+		b |= uint64(s[n-8+i]) << (8 * i)
+	}
+	return a*0xC2B2AE3D27D4EB4F ^ b*0x165667B19E3779F9 ^ uint64(n)
+}
+
+// mayBeLong is mayBeShort for a string longer than midMax.
+func (v *vocab) mayBeLong(s string) bool {
+	i, m := filterSlot(longKey(s))
 	return v.filter[i&(1<<filterBits-1)]&m == m
 }
 

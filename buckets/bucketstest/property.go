@@ -54,6 +54,16 @@ func property(t *testing.T, open Open, seed uint64, steps int) {
 	for i := range all {
 		all[i].Key = t.Name() + "/" + all[i].Key
 	}
+	// Quotas: one of tokens, one of money that is hard, one hard in
+	// another zone; their spends are compared with the memory store's.
+	quotas := []buckets.Quota{
+		quota("daily", 300, window("day", "UTC")),
+		hardQuota(moneyQuota(quota("spend", 20_000, window("month", "Europe/Amsterdam")))),
+		hardQuota(quota("weekly", 250, window("week", "Asia/Kolkata"))),
+	}
+	for i := range quotas {
+		quotas[i].Key = t.Name() + "/" + quotas[i].Key
+	}
 	events := map[string][]event{}
 	var elapsed time.Duration
 	type pair struct{ a, b *buckets.Reservation }
@@ -81,6 +91,12 @@ func property(t *testing.T, open Open, seed uint64, steps int) {
 				}
 			}
 			r := buckets.Request{Cost: math.Round(rng.Float64()*2200) / 100, Buckets: chain, Priority: rng.IntN(4) == 0}
+			for _, q := range quotas {
+				if rng.IntN(3) == 0 {
+					r.Quotas = append(r.Quotas, q)
+				}
+			}
+			r.Money, r.MoneyPerToken = float64(rng.IntN(2500)), float64(rng.IntN(40))/8
 			if rng.IntN(3) == 0 {
 				r.MaxWait = time.Duration(rng.IntN(int(maxWaitLimit/(100*time.Millisecond)))) * 100 * time.Millisecond
 			}
@@ -106,6 +122,8 @@ func property(t *testing.T, open Open, seed uint64, steps int) {
 			k := rng.IntN(len(pending))
 			p := pending[k]
 			actual := math.Round(rng.Float64()*3000) / 100
+			p.a.Spent = float64(rng.IntN(3000))
+			p.b.Spent = p.a.Spent
 			states, err := st.Settle(ctx, p.a, actual)
 			if err != nil {
 				t.Fatalf("step %d: Settle: %v", i, err)
@@ -153,8 +171,18 @@ func property(t *testing.T, open Open, seed uint64, steps int) {
 			ref.Pause(ctx, b, until)
 		default:
 			d := time.Duration(rng.IntN(1_500_000)) * time.Microsecond
+			if rng.IntN(50) == 0 { // now and then into another window
+				d = time.Duration(rng.IntN(40)) * time.Hour
+			}
 			clock.Advance(d)
 			elapsed += d
+		}
+		if i%50 == 49 {
+			_, got := inspectAll(t, st, nil, quotas)
+			_, want := inspectAll(t, ref, nil, quotas)
+			if diff := cmp.Diff(want, got, durationsClose, floatsClose); diff != "" {
+				t.Fatalf("step %d: quotas disagree with the memory store (-memory +store):\n%s", i, diff)
+			}
 		}
 	}
 	for _, b := range all {

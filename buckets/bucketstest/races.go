@@ -126,6 +126,7 @@ func RunRaces(t *testing.T, open Open) {
 			t.Fatalf("Reserve after the lease = %+v, %v; want admitted", d, err)
 		}
 	})
+	RunQuotaRaces(t, open)
 }
 
 func race(t *testing.T, open Open, mk func(i int) buckets.Request) int {

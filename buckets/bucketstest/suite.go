@@ -36,6 +36,7 @@ type step struct {
 	req    buckets.Request // opReserve
 	of     int             // opSettle, opExtend: index of the reserve step
 	amount float64         // opSettle: actual usage; opExtend: tokens
+	spent  float64         // opSettle: Reservation.Spent, the money used
 	bucket buckets.Bucket  // opPause
 	until  time.Duration   // opPause
 	want   outcome
@@ -51,6 +52,11 @@ type outcome struct {
 	Remaining []float64
 	Reset     []time.Duration // checked when not nil
 	Forgiven  []float64       // settle steps: checked when not nil
+	// Spent holds each quota's spend; Windows and QuotaReset, when not
+	// nil, each quota's window ID and time to its end.
+	Spent      []float64
+	Windows    []string
+	QuotaReset []time.Duration
 }
 
 func reserve(at time.Duration, req buckets.Request, want outcome) step {
@@ -295,7 +301,15 @@ func scope(ns string, r buckets.Request) buckets.Request {
 		s.Key = ns + "/" + s.Key
 		ss[i] = s
 	}
-	r.Buckets, r.Slots = bs, ss
+	qs := make([]buckets.Quota, len(r.Quotas))
+	for i, q := range r.Quotas {
+		q.Key = ns + "/" + q.Key
+		qs[i] = q
+	}
+	r.Buckets, r.Slots, r.Quotas = bs, ss, qs
+	if len(qs) == 0 {
+		r.Quotas = nil
+	}
 	return r
 }
 
@@ -316,6 +330,18 @@ func got(d buckets.Decision, want outcome) outcome {
 			o.Reset = append(o.Reset, b.Reset)
 		}
 	}
+	for _, q := range d.Quotas {
+		o.Spent = append(o.Spent, q.Spent)
+		if q.Remaining != q.Limit-q.Spent {
+			o.Spent = append(o.Spent, math.NaN()) // an inconsistent state never matches
+		}
+		if want.Windows != nil {
+			o.Windows = append(o.Windows, q.Window)
+		}
+		if want.QuotaReset != nil {
+			o.QuotaReset = append(o.QuotaReset, q.Reset)
+		}
+	}
 	return o
 }
 
@@ -325,7 +351,7 @@ func Run(t *testing.T, open Open) { runVectors(t, open, nil, nil) }
 // runVectors runs the step vectors not named in skip, with mark applied to
 // every bucket when it is not nil.
 func runVectors(t *testing.T, open Open, mark func(buckets.Bucket) buckets.Bucket, skip []string) {
-	for _, v := range vectors() {
+	for _, v := range append(vectors(), quotaVectors()...) {
 		if slices.Contains(skip, v.name) {
 			continue
 		}
@@ -353,6 +379,7 @@ func runVectors(t *testing.T, open Open, mark func(buckets.Bucket) buckets.Bucke
 					}
 					res[i] = d.Reservation
 				case opSettle:
+					res[s.of].Spent = s.spent
 					states, err := st.Settle(ctx, res[s.of], s.amount)
 					if err != nil {
 						t.Fatalf("step %d: Settle: %v", i, err)
@@ -396,6 +423,7 @@ func runVectors(t *testing.T, open Open, mark func(buckets.Bucket) buckets.Bucke
 			}
 		})
 	}
+	t.Run("inspect", func(t *testing.T) { RunInspect(t, open) })
 }
 
 // RunInvalid checks that every store refuses invalid input with an error
@@ -419,6 +447,12 @@ func RunInvalid(t *testing.T, open Open) {
 		{"headroom over capacity", req(1, buckets.Bucket{Name: "x", Key: "x", Limit: buckets.Limit{Capacity: 1, Rate: 1}, Headroom: 1}), "headroom"},
 		{"duplicate key", req(1, good, good), "share the key"},
 		{"slot without max", buckets.Request{Cost: 1, Slots: []buckets.Slot{{Name: "c", Key: "c"}}}, "max"},
+		{"quota without limit", qreq(1, buckets.Quota{Name: "q", Key: "q", Window: window("day", "UTC")}), "limit"},
+		{"quota without window", qreq(1, buckets.Quota{Name: "q", Key: "q", Limit: 10}), "window"},
+		{"quota without key", qreq(1, buckets.Quota{Name: "q", Window: window("day", "UTC"), Limit: 10}), "key"},
+		{"duplicate quota key", qreq(1, quota("q", 10, window("day", "UTC")), quota("q", 20, window("month", "UTC"))), "share the key"},
+		{"NaN money", priced(1, math.NaN(), 0, nil, moneyQuota(quota("q", 10, window("day", "UTC")))), "money"},
+		{"negative money per token", priced(1, 1, -1, nil), "money per token"},
 	}
 	for _, c := range cases {
 		_, err := st.Reserve(ctx, c.req)
@@ -435,5 +469,19 @@ func RunInvalid(t *testing.T, open Open) {
 	}
 	if _, err := st.Extend(ctx, d.Reservation, math.Inf(1)); err == nil {
 		t.Error("Extend(+Inf) succeeded, want an error")
+	}
+	q := scope(t.Name(), qreq(1, quota("q", 10, window("day", "UTC"))))
+	dq, err := st.Reserve(ctx, q)
+	if err != nil || !dq.OK {
+		t.Fatalf("Reserve with a quota = %+v, %v; want admitted", dq, err)
+	}
+	forged := *dq.Reservation
+	forged.Windows = nil
+	if _, err := st.Settle(ctx, &forged, 1); err == nil || !strings.Contains(err.Error(), "windows") {
+		t.Errorf("Settle of a reservation without its windows: %v; want an error naming them", err)
+	}
+	dq.Reservation.Spent = -1
+	if _, err := st.Settle(ctx, dq.Reservation, 1); err == nil || !strings.Contains(err.Error(), "spent") {
+		t.Errorf("Settle with negative Spent: %v; want an error naming it", err)
 	}
 }

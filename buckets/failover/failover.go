@@ -497,3 +497,24 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	}
 	return err
 }
+
+var _ buckets.Inspector = (*Store)(nil)
+
+// Inspect implements buckets.Inspector through the primary: what the
+// shared store holds. During an outage there is nothing shared to show,
+// failing open or closed, and the error wraps buckets.ErrStore; a primary
+// that cannot inspect answers an error wrapping errors.ErrUnsupported.
+func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error) {
+	in, ok := s.primary.(buckets.Inspector)
+	if !ok {
+		return nil, nil, fmt.Errorf("failover: inspect: %T: %w", s.primary, errors.ErrUnsupported)
+	}
+	if s.skipPrimary() {
+		return nil, nil, fmt.Errorf("failover: inspect: the store is unreachable: %w", buckets.ErrStore)
+	}
+	st, q, err := in.Inspect(ctx, bs, qs)
+	if !s.failed(ctx, err) && err == nil {
+		s.succeeded()
+	}
+	return st, q, err
+}

@@ -437,3 +437,37 @@ func TestFleetShareFloorAndLeave(t *testing.T) {
 		t.Errorf("left = %q, want [me]", ff.left)
 	}
 }
+
+// Inspect shows the shared store's state; during an outage there is none
+// to show, failing open or closed.
+func TestInspectThroughPrimary(t *testing.T) {
+	for _, mode := range []Mode{Closed, Open} {
+		p, s, c := setup(mode)
+		ctx := context.Background()
+		w, err := buckets.ParseWindow("day", "UTC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := req("q", 5)
+		r.Quotas = []buckets.Quota{{Name: "daily", Key: "q1", Window: w, Limit: 50}}
+		if d, err := s.Reserve(ctx, r); err != nil || !d.OK {
+			t.Fatalf("Reserve = %+v, %v", d, err)
+		}
+		bs, qs, err := s.Inspect(ctx, r.Buckets, r.Quotas)
+		if err != nil || bs[0].Remaining != 95 || qs[0].Spent != 5 {
+			t.Fatalf("mode %v: Inspect = %+v, %+v, %v; want 95 left and 5 spent", mode, bs, qs, err)
+		}
+		p.down = true
+		if _, err := s.Reserve(ctx, req("x", 1)); err == nil && mode == Closed {
+			t.Fatal("Reserve during outage succeeded failing closed")
+		}
+		if _, _, err := s.Inspect(ctx, r.Buckets, r.Quotas); !errors.Is(err, buckets.ErrStore) {
+			t.Errorf("mode %v: Inspect during outage = %v; want ErrStore", mode, err)
+		}
+		p.down = false
+		c.t = c.t.Add(time.Second)
+		if _, qs, err := s.Inspect(ctx, r.Buckets, r.Quotas); err != nil || qs[0].Spent != 5 {
+			t.Errorf("mode %v: Inspect after recovery = %+v, %v", mode, qs, err)
+		}
+	}
+}

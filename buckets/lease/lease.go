@@ -322,6 +322,11 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	}
 	for _, b := range req.Buckets {
 		if !buckets.Fits(b, req.Cost, req.Priority) {
+			if len(req.Quotas) > 0 {
+				// The inner store reports the quotas; it writes nothing
+				// for a request it can never admit.
+				return s.inner.Reserve(ctx, req)
+			}
 			return s.neverAdmissible(req), nil
 		}
 	}
@@ -366,9 +371,9 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 }
 
 // metered reports whether a request has anything for the inner store to
-// meter: buckets or slots. Whatever else a request may carry for the inner
-// store must count here too.
-func metered(r buckets.Request) bool { return len(r.Buckets)+len(r.Slots) > 0 }
+// meter: buckets, slots or quotas. Whatever else a request may carry for
+// the inner store must count here too.
+func metered(r buckets.Request) bool { return len(r.Buckets)+len(r.Slots)+len(r.Quotas) > 0 }
 
 // rest is the part of req the inner store handles: the buckets not in
 // local and every slot, under the same ID.
@@ -604,7 +609,7 @@ func (s *Store) isDown(now int64) bool { return s.down.Load() && now < s.downTil
 // Buckets not leased here are reported full: they were not consulted.
 func (s *Store) neverAdmissible(req buckets.Request) buckets.Decision {
 	obs := s.observations(req.Buckets, nil)
-	return buckets.NewDecision(req, req.ID, buckets.NeverAdmissible, obs, -1)
+	return buckets.NewDecision(req, req.ID, buckets.Step{Reason: buckets.NeverAdmissible, Buckets: obs, Slot: -1})
 }
 
 // observations returns, per bucket, the observation of its part, or for
@@ -784,6 +789,7 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	if o == nil || o.inner == nil {
 		return states, nil
 	}
+	o.inner.Spent = r.Spent // set by the caller for quotas of money
 	inner, err := s.inner.Settle(ctx, o.inner, actual)
 	if err != nil {
 		return nil, err
@@ -883,6 +889,9 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 	}
 	o := s.takeOpen(r.ID)
 	states := s.settleLocal(r, o, actual)
+	if o != nil && o.inner != nil {
+		o.inner.Spent = r.Spent // set by the caller for quotas of money
+	}
 	switch {
 	case o == nil || o.inner == nil:
 		finish(states, nil)
@@ -942,6 +951,38 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 		return nil
 	}
 	return rn.Renew(ctx, o.inner)
+}
+
+var _ buckets.Inspector = (*Store)(nil)
+
+// Inspect implements buckets.Inspector through the inner store: what the
+// shared store holds, and for a leased bucket also what this gateway holds
+// and owes of it — what a request here would meet. An inner store that
+// cannot inspect answers an error wrapping errors.ErrUnsupported.
+func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error) {
+	in, ok := s.inner.(buckets.Inspector)
+	if !ok {
+		return nil, nil, fmt.Errorf("lease: inspect: %T: %w", s.inner, errors.ErrUnsupported)
+	}
+	states, quotas, err := in.Inspect(ctx, bs, qs)
+	if err != nil || len(states) != len(bs) {
+		return states, quotas, err
+	}
+	for i, b := range bs {
+		v, ok := s.entries.Load(b.Key)
+		if !ok || b.Lease == nil {
+			continue
+		}
+		e := v.(*entry)
+		e.mu.Lock()
+		give := e.held + e.refund
+		e.mu.Unlock()
+		st := states[i]
+		hold := max(0, st.Reset-buckets.Seconds((b.Limit.Capacity-st.Remaining)/b.Limit.Rate))
+		level, _ := buckets.Apply(b, st.Remaining, give)
+		states[i] = buckets.NewState(b, buckets.Observation{Level: level, Hold: hold})
+	}
+	return states, quotas, nil
 }
 
 // Pause implements buckets.Store (S18). What this gateway holds of the

@@ -39,16 +39,22 @@ type op struct {
 	record  string // the record key; "" for a settle that always applies
 	bs      []buckets.Bucket
 	ss      []buckets.Slot
+	qs      []buckets.Quota
+	spans   []buckets.Span // indexed like qs: the window each quota is charged in
 	// reserve
 	cost     float64
+	money    float64
 	maxWait  time.Duration
 	priority bool
 	life     time.Duration
 	// settle: delta(b) is charged minus used; nil means refund for all.
+	// qdelta(j) is the change of quota j's spend (used minus charged).
 	delta  func(buckets.Bucket) float64
 	refund float64
+	qdelta func(j int) float64
 	// ----
 	obs    []buckets.Observation // indexed like bs; each op writes its own
+	spent  []float64             // reserve: indexed like qs; likewise
 	status buckets.Reason
 	full   int // index into ss of the full slot, or -1
 	done   bool
@@ -61,9 +67,17 @@ type op struct {
 
 func (o *op) numbers() int {
 	if o.reserve {
-		return 7 + 7*len(o.g.buckets) + 3*len(o.g.slots)
+		return 8 + 7*len(o.g.buckets) + 4*len(o.g.quotas) + 3*len(o.g.slots)
 	}
-	return 4 + 7*len(o.g.buckets) + len(o.g.slots)
+	return 5 + 7*len(o.g.buckets) + 3*len(o.g.quotas) + len(o.g.slots)
+}
+
+// quotaAmount is what a reserve op takes from quota q.
+func (o *op) quotaAmount(q buckets.Quota) float64 {
+	if q.Unit == buckets.Money {
+		return o.money
+	}
+	return o.cost
 }
 
 // lane is the queue of one hash slot.
@@ -142,7 +156,7 @@ func (s *Store) flushLane(l *lane) {
 // ops, within the bounds of a batch. l.mu is held.
 func (l *lane) take(first *op) []*op {
 	var batch []*op
-	count := 3
+	count := headerNumbers
 	if first != nil {
 		batch = append(batch, first)
 		count += first.numbers()
@@ -160,6 +174,9 @@ func (l *lane) take(first *op) []*op {
 	l.queue = append(l.queue[:0], l.queue[n:]...)
 	return batch
 }
+
+// headerNumbers is how many numbers a batch has before its first op's.
+const headerNumbers = 4
 
 // lead runs batch and tells its ops; the first is the caller's own, unless
 // the caller is a timer. Then it hands the lane's call to the oldest
@@ -219,16 +236,32 @@ func (k *batchKeys) of(key string) float64 {
 // runBatch sends batch in one script call and writes each op's results.
 func (s *Store) runBatch(ctx context.Context, batch []*op) {
 	k := batchKeys{index: make(map[string]int, 4*len(batch))}
-	count := 3
+	count := headerNumbers
+	var nq int
 	for _, o := range batch {
 		count += o.numbers()
 		for _, i := range o.g.buckets {
 			k.of(s.bucketKey(o.bs[i].Key))
 		}
+		nq += len(o.g.quotas)
 	}
 	nbk := len(k.keys)
+	var qkeys []string // per op and quota, in order
+	var now time.Time
+	if nq > 0 {
+		qkeys = make([]string, 0, nq)
+		now = s.now()
+		for _, o := range batch {
+			for _, j := range o.g.quotas {
+				key := s.quotaKey(o.qs[j].Key, o.spans[j].ID)
+				k.of(key)
+				qkeys = append(qkeys, key)
+			}
+		}
+	}
+	nqk := len(k.keys) - nbk
 	packed := make([]byte, 0, 8*count)
-	packed = pack(packed, float64(len(batch)), float64(nbk), maxInline)
+	packed = pack(packed, float64(len(batch)), float64(nbk), float64(nqk), maxInline)
 	args := make([]any, 3, 3+len(batch))
 	for _, o := range batch {
 		rec := 0.0
@@ -239,7 +272,7 @@ func (s *Store) runBatch(ctx context.Context, batch []*op) {
 		if o.reserve {
 			kind = 1
 		}
-		packed = pack(packed, kind, float64(len(o.g.buckets)), float64(len(o.g.slots)), rec)
+		packed = pack(packed, kind, float64(len(o.g.buckets)), float64(len(o.g.slots)), float64(len(o.g.quotas)), rec)
 		if o.reserve {
 			packed = pack(packed, o.cost, o.maxWait.Seconds(), float64(o.life.Microseconds()))
 		}
@@ -260,6 +293,17 @@ func (s *Store) runBatch(ctx context.Context, batch []*op) {
 				d = o.delta(b)
 			}
 			packed = pack(packed, b.Floor(), d)
+		}
+		for _, j := range o.g.quotas {
+			q := o.qs[j]
+			ki := k.of(qkeys[0])
+			qkeys = qkeys[1:]
+			ttl := quotaTTL(o.spans[j], now)
+			if o.reserve {
+				packed = pack(packed, ki, q.Limit, o.quotaAmount(q), ttl)
+				continue
+			}
+			packed = pack(packed, ki, o.qdelta(j), ttl)
 		}
 		for _, j := range o.g.slots {
 			sl := o.ss[j]
@@ -292,11 +336,11 @@ func (s *Store) readBatch(out []any, batch []*op) error {
 	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[8*i:]))) }
 	at, n := 0, len(p)/8
 	for _, o := range batch {
-		width := 3
+		width, quotas := 3, 0
 		if o.reserve {
-			width = 2
+			width, quotas = 2, len(o.g.quotas)
 		}
-		if at+2+width*len(o.g.buckets) > n {
+		if at+2+width*len(o.g.buckets)+quotas > n {
 			return fmt.Errorf("%w: batch reply of %d numbers for %d operations", buckets.ErrStore, n, len(batch))
 		}
 		st, full := f(at), int(f(at+1))
@@ -313,6 +357,10 @@ func (s *Store) readBatch(out []any, batch []*op) error {
 			o.done = st == 1
 			continue
 		}
+		for _, j := range o.g.quotas {
+			o.spent[j] = f(at)
+			at++
+		}
 		if st < 0 || int(st) >= len(scriptReasons) || st != math.Trunc(st) {
 			return fmt.Errorf("%w: unexpected reserve status %v", buckets.ErrStore, st)
 		}
@@ -325,6 +373,13 @@ func (s *Store) readBatch(out []any, batch []*op) error {
 		return fmt.Errorf("%w: batch reply of %d numbers for %d operations", buckets.ErrStore, n, len(batch))
 	}
 	return nil
+}
+
+// quotaTTL is the TTL of a write of the spend of window span at now, in
+// milliseconds: until the window's end and buckets.QuotaSlack; zero or
+// less means the window is forgotten and nothing is written.
+func quotaTTL(span buckets.Span, now time.Time) float64 {
+	return math.Ceil(float64(span.End.Add(buckets.QuotaSlack).Sub(now)) / float64(time.Millisecond))
 }
 
 // ttlFrom is the time to refill bucket b from level low to full, plus a
@@ -350,14 +405,19 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 		finish(done, nil, err)
 		return
 	}
+	if err := r.ValidateQuotas(); err != nil {
+		finish(done, nil, err)
+		return
+	}
 	rc := *r
-	gs := s.groups(rc.Buckets, rc.Slots)
+	gs := s.groups(rc.Buckets, rc.Slots, rc.Quotas)
 	if len(gs) == 0 {
 		finish(done, []buckets.BucketState{}, nil)
 		return
 	}
 	obs := make([]buckets.Observation, len(rc.Buckets))
 	delta := func(b buckets.Bucket) float64 { return rc.Charged(b) - actual }
+	qdelta := func(j int) float64 { return rc.UsedQuota(rc.Quotas[j], actual) - rc.ChargedQuota(rc.Quotas[j]) }
 	ops := make([]op, len(gs))
 	var left atomic.Int32
 	left.Store(int32(len(ops)))
@@ -380,7 +440,8 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 		finish(done, states, nil)
 	}
 	for k, g := range gs {
-		ops[k] = op{g: g, id: idPart(rc.ID), record: s.recordKey(g.tag), bs: rc.Buckets, ss: rc.Slots, delta: delta, obs: obs, then: then}
+		ops[k] = op{g: g, id: idPart(rc.ID), record: s.recordKey(g.tag), bs: rc.Buckets, ss: rc.Slots, qs: rc.Quotas, spans: rc.Windows,
+			delta: delta, qdelta: qdelta, obs: obs, then: then}
 	}
 	for k := range ops {
 		s.later(&ops[k])

@@ -84,7 +84,7 @@ func TestBatchIsSequential(t *testing.T) {
 		want = append(want, r)
 	}
 	// The Redis store, all steps in one batch.
-	g := st.groups(chain, slots)[0]
+	g := st.groups(chain, slots, nil)[0]
 	ops := make([]*op, len(steps))
 	for i, s := range steps {
 		o := &op{reserve: s.reserve, g: g, id: s.id, record: st.recordKey(g.tag), bs: chain, ss: slots,

@@ -3,10 +3,12 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -263,4 +265,117 @@ func parallel(callers, n int, fn func(worker int) error) {
 	if err := failed.Load(); err != nil {
 		panic(err)
 	}
+}
+
+// BenchmarkQuotaOverhead measures what one quota adds to a chain of three
+// buckets (each caller its own user, shared team and provider): reserve
+// then settle with and without a monthly quota of money, side by side in
+// the same run on one standalone Redis. The run is cut into many short
+// pairs of rounds, one of each, in alternating order, so that both meet
+// the same machine however its load changes (other processes share it):
+// quota-throughput-ratio is the median over the pairs of the chain with
+// the quota's requests per second over the chain's (the target is
+// ≥ 0.85), and quota-cpu-ratio the same for the CPU both sides spend per
+// request, this process's and Redis's together: what limits throughput
+// once the machine is busy.
+func BenchmarkQuotaOverhead(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, settle := range []string{"sync", "async"} {
+		for _, callers := range []int{1, 16} {
+			b.Run(fmt.Sprintf("settle=%s/callers=%d", settle, callers), func(b *testing.B) {
+				quotaOverhead(b, srv, settle == "async", callers)
+			})
+		}
+	}
+}
+
+func quotaOverhead(b *testing.B, srv *redistest.Server, async bool, callers int) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: callers})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{Prefix: fmt.Sprintf("quota%d.%v:", callers, async)})
+	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+	w, err := buckets.ParseWindow("month", "Europe/Amsterdam")
+	if err != nil {
+		b.Fatal(err)
+	}
+	monthly := buckets.Quota{Name: "monthly", Key: "team-monthly", Window: w, Unit: buckets.Money, Limit: 1e15}
+	team := buckets.Bucket{Name: "team", Key: "team", Limit: lim}
+	prov := buckets.Bucket{Name: "provider", Key: "provider", Limit: lim}
+	plain := make([]buckets.Request, callers)
+	quota := make([]buckets.Request, callers)
+	for i := range plain {
+		user := buckets.Bucket{Name: "user", Key: "user" + strconv.Itoa(i), Limit: lim}
+		plain[i] = buckets.Request{Cost: 100, Buckets: []buckets.Bucket{user, team, prov}}
+		quota[i] = plain[i]
+		quota[i].Quotas, quota[i].Money = []buckets.Quota{monthly}, 2500
+	}
+	pair := func(reqs []buckets.Request) func(int) error {
+		return func(worker int) error {
+			d, err := st.Reserve(ctx, reqs[worker])
+			if err != nil {
+				return err
+			}
+			d.Reservation.Spent = 2000
+			if async {
+				st.SettleAsync(d.Reservation, 80, nil)
+				return nil
+			}
+			_, err = st.Settle(ctx, d.Reservation, 80)
+			return err
+		}
+	}
+	// run returns the requests per second and the CPU per request (µs) of
+	// n requests.
+	run := func(reqs []buckets.Request, n int) (rate, cpu float64) {
+		cpu0, self0 := redisCPU(b, c), cpuTime()
+		start := time.Now()
+		parallel(callers, n, pair(reqs))
+		if err := st.Flush(ctx); err != nil {
+			b.Fatal(err)
+		}
+		d := time.Since(start)
+		used := redisCPU(b, c) - cpu0 + float64((cpuTime() - self0).Microseconds())
+		return float64(n) / d.Seconds(), used / float64(n)
+	}
+	run(plain, 4*callers) // every key exists before the rounds
+	run(quota, 4*callers)
+	const pairs = 21
+	n := max(b.N/pairs, 200)
+	var rates, cpus []float64
+	var plainRate, quotaRate float64
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range pairs {
+		var pr, pc, qr, qc float64
+		if i%2 == 0 {
+			pr, pc = run(plain, n)
+			qr, qc = run(quota, n)
+		} else {
+			qr, qc = run(quota, n)
+			pr, pc = run(plain, n)
+		}
+		rates, cpus = append(rates, qr/pr), append(cpus, pc/qc)
+		plainRate, quotaRate = plainRate+pr/pairs, quotaRate+qr/pairs
+	}
+	b.StopTimer()
+	b.ReportMetric(plainRate, "chain-req/s")
+	b.ReportMetric(quotaRate, "chain+quota-req/s")
+	b.ReportMetric(median(rates), "quota-throughput-ratio")
+	b.ReportMetric(median(cpus), "quota-cpu-ratio")
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// cpuTime is the CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

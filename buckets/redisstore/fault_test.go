@@ -271,3 +271,49 @@ func TestHeartbeat(t *testing.T) {
 	now = now.Add(1500 * time.Millisecond)
 	beat("a", 1)
 }
+
+// A quota's spend is keyed by its window and lives until the window's end
+// and the slack (buckets.QuotaSlack), whatever writes it later; spend that
+// returns to nothing leaves no key.
+func TestQuotaKeysExpireWithTheirWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	now := time.Now()
+	st := redisstore.New(c, redisstore.Options{Now: func() time.Time { return now }})
+	ctx := context.Background()
+	w, err := buckets.ParseWindow("day", "UTC")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := buckets.Quota{Name: "daily", Key: "team:{acme}", Window: w, Limit: 1000}
+	key := "tg:q:{team:%7Bacme%7D}:" + w.ID(now)
+	_, end := w.Bounds(now)
+	want := end.Add(buckets.QuotaSlack).Sub(now)
+	checkTTL := func(what string) {
+		t.Helper()
+		ttl, err := c.PTTL(ctx, key).Result()
+		if err != nil || ttl > want+time.Millisecond || ttl < want-2*time.Second {
+			t.Errorf("%s: PTTL %s = %v, %v; want about %v", what, key, ttl, err, want)
+		}
+	}
+	d1, err := st.Reserve(ctx, buckets.Request{Cost: 40, Quotas: []buckets.Quota{q}})
+	if err != nil || !d1.OK {
+		t.Fatalf("Reserve = %+v, %v", d1, err)
+	}
+	checkTTL("after a reserve")
+	d2, err := st.Reserve(ctx, buckets.Request{Cost: 10, Quotas: []buckets.Quota{q}})
+	if err != nil || !d2.OK || d2.Quotas[0].Spent != 50 {
+		t.Fatalf("second Reserve = %+v, %v", d2, err)
+	}
+	checkTTL("after a second reserve")
+	for _, r := range []*buckets.Reservation{d1.Reservation, d2.Reservation} {
+		if _, err := st.Settle(ctx, r, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, err := c.Keys(ctx, "tg:*").Result()
+	if err != nil || len(keys) != 0 {
+		t.Errorf("keys after refunding everything = %q, %v; want none", keys, err)
+	}
+}

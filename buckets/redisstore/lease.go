@@ -108,7 +108,7 @@ func (s *Store) Lease(ctx context.Context, ops []buckets.LeaseOp) error {
 		bs[i] = ops[i].Bucket
 	}
 	var calls [][]int
-	for _, g := range s.groups(bs, nil) {
+	for _, g := range s.groups(bs, nil, nil) {
 		for len(g.buckets) > maxLeaseOps {
 			calls = append(calls, g.buckets[:maxLeaseOps])
 			g.buckets = g.buckets[maxLeaseOps:]

@@ -31,6 +31,12 @@ package redisstore
 //     gets its exact time to full, and a holder lives at least as long as
 //     its latest record. Once a key expires the bucket is full anyway, so
 //     idle buckets vanish without changing any answer.
+//   - A quota's spend in one calendar window is one string key holding one
+//     packed double; a missing key is nothing spent. Windows are calendar
+//     arithmetic in a time zone, which Lua cannot do: the gateway names
+//     the window in the key and passes its TTL (until the window's end and
+//     a slack), so each window starts from zero and then vanishes. A TTL of
+//     zero or less (a settlement arriving after the slack) writes nothing.
 const luaNow = `
 local now
 if ARGV[1] ~= '' then
@@ -119,36 +125,42 @@ end
 // provider's, the team's, a user's reserve and the settlement before it) is
 // read once and written once.
 //
-// KEYS: every key of the batch once: first the nbk bucket keys, then slot
-// and record keys.
+// KEYS: every key of the batch once: first the nbk bucket keys, then the
+// nqk quota keys, then slot and record keys.
 // ARGV: now, struct format and packed numbers, then one reservation ID per
-// operation. Numbers: nops, nbk, maxInline; then per operation kind
-// (1 reserve, 2 settle), nb, ns, record key index (0 for none), and
+// operation. Numbers: nops, nbk, nqk, maxInline; then per operation kind
+// (1 reserve, 2 settle), nb, ns, nq, record key index (0 for none), and
 //   - reserve: cost, max wait (s), lifetime (µs); per bucket key index,
 //     capacity, rate, low, TTL from low (ms), hard (1/0), reserve (the
-//     headroom it must leave); per slot key index, max, lease (µs);
+//     headroom it must leave); per quota key index, limit, amount, TTL
+//     (ms); per slot key index, max, lease (µs);
 //   - settle: per bucket key index, capacity, rate, low, TTL from low (ms),
 //     floor (-inf for none), delta (charged minus used; positive refunds);
-//     per slot key index.
+//     per quota key index, delta (used minus charged: the change of the
+//     spend), TTL (ms); per slot key index.
 //
-// A reserve that admits takes cost from every bucket, a lease from every
-// slot, and writes the reservation's record: in its first bucket, or in the
-// record key when that is full or the group has no bucket (S3-S5, S11,
-// S12, S19). A settle with a record key applies only if it finds the
-// record unexpired, and removes it, so it runs once per reservation and a
-// settled request leaves nothing behind (S8); one without (a refund of a
-// partly taken chain) always applies. Debits stop at the floor; what they
-// would take below it is forgiven (S9, S14).
+// A reserve that admits takes cost from every bucket, its amount from every
+// quota, a lease from every slot, and writes the reservation's record: in
+// its first bucket, or in the record key when that is full or the group
+// has no bucket (S3-S5, S11, S12, S19). A quota refuses an amount above
+// its limit (never admissible) or above what its window has left (over
+// quota). A settle with a record key applies only if it finds the record
+// unexpired, and removes it, so it runs once per reservation and a settled
+// request leaves nothing behind (S8); one without (a refund of a partly
+// taken chain) always applies. Debits stop at the floor; what they would
+// take below it is forgiven (S9, S14). A quota's spend has no floor but
+// zero.
 //
 // Returns one packed string of doubles, per operation: for a reserve its
 // status (0 admitted, 1 short of tokens, 2 concurrency full, 3 never
-// admissible), the 1-based index of the full slot, and the level (after
-// the take when admitted) and hold (µs) of every bucket; for a settle 1
-// when there was nothing to settle (else 0), and the level, hold and
-// forgiven tokens of every bucket.
+// admissible, 4 over quota), the 1-based index of the full slot, the level
+// (after the take when admitted) and hold (µs) of every bucket, and the
+// spend of every quota (likewise); for a settle 1 when there was nothing
+// to settle (else 0), 0, and the level, hold and forgiven tokens of every
+// bucket.
 const batchLua = luaNow + luaRecords + `
 local p = {struct.unpack(ARGV[2], ARGV[3])}
-local nops, nbk, maxinline = p[1], p[2], p[3]
+local nops, nbk, nqk, maxinline = p[1], p[2], p[3], p[4]
 -- Per bucket key index: level, refill instant, the parameters of its last
 -- write (W), and, for a holder, its record string (R), the latest record's
 -- expiry (M), its number of records (RN, counted once it matters) and
@@ -156,8 +168,11 @@ local nops, nbk, maxinline = p[1], p[2], p[3]
 -- are, or when a holder is full; until then M may be later than needed,
 -- which only keeps the key a little longer.
 local L, T, W, R, M, RN, D = {}, {}, {}, {}, {}, {}, {}
-if nbk > 0 then
-  local vs = redis.call('MGET', unpack(KEYS, 1, nbk))
+-- Per quota key index: the spend (S), whether the key exists (E: its TTL,
+-- the window's end, stays), and the TTL of its write (QW).
+local S, E, QW = {}, {}, {}
+if nbk + nqk > 0 then
+  local vs = redis.call('MGET', unpack(KEYS, 1, nbk + nqk))
   for i = 1, nbk do
     local v = vs[i]
     if v then
@@ -165,20 +180,25 @@ if nbk > 0 then
       if #v > 16 then R[i], M[i] = string.sub(v, 25), (struct.unpack('<d', v, 17)) end
     end
   end
+  for i = nbk + 1, nbk + nqk do
+    local v = vs[i]
+    if v then S[i], E[i] = struct.unpack('<d', v), true else S[i] = 0 end
+  end
 end
 -- Records in record keys: per record key, the open reservations this batch
 -- has looked up or added there, by ID: their expiry, or false once settled;
 -- and whether the key had them (found).
 local open, found = {}, {}
 local vals, nv = {}, 0
-local a = 4
+local a = 5
 for o = 1, nops do
-  local kind, nb, ns, rec = p[a], p[a + 1], p[a + 2], p[a + 3]
+  local kind, nb, ns, nq, rec = p[a], p[a + 1], p[a + 2], p[a + 3], p[a + 4]
   local id = ARGV[3 + o]
   if kind == 1 then
-    local cost, maxwait, life = p[a + 4], p[a + 5], p[a + 6]
-    local b0 = a + 7
-    local s0 = b0 + 7 * nb
+    local cost, maxwait, life = p[a + 5], p[a + 6], p[a + 7]
+    local b0 = a + 8
+    local q0 = b0 + 7 * nb
+    local s0 = q0 + 4 * nq
     a = s0 + 3 * ns
     local status, worst, hard = 0, 0, false
     for i = 0, nb - 1 do
@@ -202,6 +222,17 @@ for o = 1, nops do
         if w > worst then worst = w end
       end
     end
+    local over = false
+    for j = 0, nq - 1 do
+      local q = q0 + 4 * j
+      local lim, amt = p[q + 1], p[q + 2]
+      if amt > lim then
+        status = 3
+      elseif S[p[q]] + amt > lim then
+        over = true
+      end
+    end
+    if status == 0 and over then status = 4 end
     if status == 0 and worst > 0 and (hard or worst > maxwait) then status = 1 end
     local full = 0
     if status == 0 then
@@ -227,6 +258,15 @@ for o = 1, nops do
       vals[nv + 1] = l
       if t > now then vals[nv + 2] = t - now else vals[nv + 2] = 0 end
       nv = nv + 2
+    end
+    for j = 0, nq - 1 do
+      local q = q0 + 4 * j
+      local k = p[q]
+      if status == 0 then
+        S[k], QW[k] = S[k] + p[q + 2], p[q + 3]
+      end
+      nv = nv + 1
+      vals[nv] = S[k]
     end
     if status == 0 then
       for j = 0, ns - 1 do
@@ -262,8 +302,9 @@ for o = 1, nops do
       end
     end
   else
-    local b0 = a + 4
-    local s0 = b0 + 7 * nb
+    local b0 = a + 5
+    local q0 = b0 + 7 * nb
+    local s0 = q0 + 3 * nq
     a = s0 + ns
     local done = false
     if rec > 0 then
@@ -321,7 +362,25 @@ for o = 1, nops do
       nv = nv + 3
     end
     if not done then
+      for j = 0, nq - 1 do
+        local q = q0 + 3 * j
+        local k = p[q]
+        local sp = S[k] + p[q + 1]
+        if sp < 0 then sp = 0 end
+        S[k], QW[k] = sp, p[q + 2]
+      end
       for j = 0, ns - 1 do redis.call('ZREM', KEYS[p[s0 + j]], id) end
+    end
+  end
+end
+for k, ttl in pairs(QW) do
+  if ttl > 0 then
+    if S[k] > 0 and E[k] then
+      redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'KEEPTTL')
+    elseif S[k] > 0 then
+      redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'PX', string.format('%d', ttl))
+    else
+      redis.call('DEL', KEYS[k])
     end
   end
 end
@@ -358,11 +417,13 @@ end
 return struct.pack('<' .. string.rep('d', nv), unpack(vals, 1, nv))
 `
 
-// extendLua debits an amount from every (hard) bucket, all or none, never
-// below zero and not while paused (S14).
+// extendLua debits an amount from every (hard) bucket and quota, all or
+// none: a bucket never below zero and not while paused, a quota never past
+// its limit (S14).
 //
-// KEYS: n bucket keys. ARGV: now, n, amount; per bucket capacity, rate,
-// low, TTL from low (ms).
+// KEYS: n bucket keys, then nq quota keys. ARGV: now, n, amount; per
+// bucket capacity, rate, low, TTL from low (ms); nq; per quota limit,
+// amount, TTL (ms).
 // Returns 1 when debited, 0 when refused.
 const extendLua = luaPrelude + `
 local n, amt = ARGV[2] + 0, ARGV[3] + 0
@@ -373,11 +434,50 @@ for i = 1, n do
   if l - amt < 0 or t > now then return 0 end
   lv[i], ts[i], rs[i], ms[i] = l, t, r, m
 end
+local q0 = 4 * n + 4
+local nq = ARGV[q0] + 0
+local sp = {}
+for j = 1, nq do
+  local v = redis.call('GET', KEYS[n + j])
+  local s = 0
+  if v then s = struct.unpack('<d', v) end
+  local a = q0 + 3 * j - 2
+  if s + ARGV[a + 1] > ARGV[a] + 0 then return 0 end
+  sp[j] = s
+end
 for i = 1, n do
   local a = 4 * i
   put(KEYS[i], lv[i] - amt, ts[i], rs[i], ms[i], ARGV[a] + 0, ARGV[a + 1] + 0, ARGV[a + 2] + 0, ARGV[a + 3])
 end
+for j = 1, nq do
+  local a = q0 + 3 * j - 2
+  if ARGV[a + 2] + 0 > 0 then
+    redis.call('SET', KEYS[n + j], struct.pack('<d', sp[j] + ARGV[a + 1]), 'PX', ARGV[a + 2])
+  end
+end
 return 1
+`
+
+// inspectLua reads buckets, brought up to now, and quotas' spend, writing
+// nothing.
+//
+// KEYS: n bucket keys, then quota keys. ARGV: now, n; per bucket capacity,
+// rate.
+// Returns one packed string of doubles: per bucket its level and hold
+// (µs), then per quota its spend.
+const inspectLua = luaPrelude + `
+local n = ARGV[2] + 0
+local out = {}
+for i = 1, n do
+  local l, t = get(KEYS[i], ARGV[2 * i + 1] + 0, ARGV[2 * i + 2] + 0)
+  out[#out + 1] = l
+  if t > now then out[#out + 1] = t - now else out[#out + 1] = 0 end
+end
+for j = n + 1, #KEYS do
+  local v = redis.call('GET', KEYS[j])
+  if v then out[#out + 1] = struct.unpack('<d', v) else out[#out + 1] = 0 end
+end
+return struct.pack('<' .. string.rep('d', #out), unpack(out))
 `
 
 // pauseLua empties a bucket, keeping any debt, and holds its refill for a

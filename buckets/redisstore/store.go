@@ -7,7 +7,9 @@
 // # Keys
 //
 // A bucket with key K is the string <prefix>b:{K}, a concurrency limit is the
-// sorted set <prefix>c:{K} (K escaped so that it contains no braces). An
+// sorted set <prefix>c:{K}, the spend of a quota with key K in the calendar
+// window W (buckets.Window.ID: 2026-03, 2026-W13, 2026-03-29) is the string
+// <prefix>q:{K}:W (K escaped so that it contains no braces). An
 // open reservation has a record, which makes its settlement once-only: in
 // the value of the first bucket of its chain (or of its cluster group), or,
 // past a few per bucket, in the sorted set <prefix>r (<prefix>r:{T} in a
@@ -51,8 +53,16 @@
 // refunded (compensated) at once. A bucket is thus never over-admitted —
 // each take is checked atomically against its own level — and the cost of
 // the split is only that tokens held between a take and its refund may
-// refuse another request in that moment (the safe side). Settlement runs per
-// group too, each with its own record in that group's slot.
+// refuse another request in that moment (the safe side). Quotas are split
+// and compensated the same way. Settlement runs per group too, each with
+// its own record in that group's slot.
+//
+// # Quota windows
+//
+// Buckets run on Redis's clock; a quota's window is named by the gateway's
+// (Options.Now), since calendar arithmetic in a time zone needs the zone
+// database. Gateways whose clocks differ by a few milliseconds disagree
+// about the window only in those milliseconds around its boundary.
 package redisstore
 
 import (
@@ -84,9 +94,10 @@ type Scripter interface {
 }
 
 var (
-	_ Scripter      = (*redis.Client)(nil)
-	_ Scripter      = (*redis.ClusterClient)(nil)
-	_ buckets.Store = (*Store)(nil)
+	_ Scripter          = (*redis.Client)(nil)
+	_ Scripter          = (*redis.ClusterClient)(nil)
+	_ buckets.Store     = (*Store)(nil)
+	_ buckets.Inspector = (*Store)(nil)
 )
 
 // Options configures a Store. The zero value gives the defaults.
@@ -97,9 +108,9 @@ type Options struct {
 	// the package documentation). It is set automatically when the client is
 	// a *redis.ClusterClient.
 	Cluster bool
-	// Now is the gateway clock, used only to turn Pause's absolute time into
-	// a duration from now; the buckets themselves run on Redis's clock. Nil
-	// means time.Now.
+	// Now is the gateway clock, used to turn Pause's absolute time into a
+	// duration from now and to name quota windows; the buckets themselves
+	// run on Redis's clock. Nil means time.Now.
 	Now func() time.Time
 	// Timeout bounds an operation once started, detached from the caller's
 	// context (see Cancellation); the client's own read, write and pool
@@ -127,6 +138,7 @@ type Store struct {
 	// scripts. Only this package's tests set it (export_test.go): no
 	// configuration reaches it.
 	scriptNow func() time.Time
+	spans     buckets.Spans
 	lane      lane     // standalone: the one lane (batch.go)
 	lanes     sync.Map // cluster: hash slot → *lane
 	window    time.Duration
@@ -180,10 +192,11 @@ type script struct{ src, sha string }
 func newScript(src string) script { return script{src: src, sha: redis.NewScript(src).Hash()} }
 
 var (
-	batchScript  = newScript(batchLua)
-	extendScript = newScript(extendLua)
-	pauseScript  = newScript(pauseLua)
-	renewScript  = newScript(renewLua)
+	batchScript   = newScript(batchLua)
+	extendScript  = newScript(extendLua)
+	pauseScript   = newScript(pauseLua)
+	renewScript   = newScript(renewLua)
+	inspectScript = newScript(inspectLua)
 )
 
 var _ buckets.Renewer = (*Store)(nil)
@@ -201,7 +214,7 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	}
 	defer cancel()
 	nowArg, id := s.nowArg(), idPart(r.ID)
-	for _, g := range s.groups(r.Buckets, r.Slots) {
+	for _, g := range s.groups(r.Buckets, r.Slots, r.Quotas) {
 		keys := make([]string, 0, 2+len(g.slots))
 		keys = append(keys, s.recordKey(g.tag))
 		holder := "0"
@@ -356,6 +369,9 @@ func hashed(v string) string {
 func (s *Store) bucketKey(k string) string { return s.prefix + "b:{" + keyPart(k) + "}" }
 func (s *Store) slotKey(k string) string   { return s.prefix + "c:{" + keyPart(k) + "}" }
 
+// quotaKey is the key of the spend of quota key k in window id.
+func (s *Store) quotaKey(k, id string) string { return s.prefix + "q:{" + keyPart(k) + "}:" + id }
+
 // group is the part of a chain that one script call handles atomically: in
 // standalone mode the whole chain, in cluster mode the keys of one hash
 // slot.
@@ -363,11 +379,12 @@ type group struct {
 	tag     string // escaped key whose slot the group uses, for its marker
 	buckets []int
 	slots   []int
+	quotas  []int
 }
 
-func (s *Store) groups(bs []buckets.Bucket, ss []buckets.Slot) []group {
+func (s *Store) groups(bs []buckets.Bucket, ss []buckets.Slot, qs []buckets.Quota) []group {
 	if !s.cluster {
-		if len(bs)+len(ss) == 0 {
+		if len(bs)+len(ss)+len(qs) == 0 {
 			return nil
 		}
 		g := group{}
@@ -377,10 +394,16 @@ func (s *Store) groups(bs []buckets.Bucket, ss []buckets.Slot) []group {
 		for j := range ss {
 			g.slots = append(g.slots, j)
 		}
-		if len(bs) > 0 {
+		for j := range qs {
+			g.quotas = append(g.quotas, j)
+		}
+		switch {
+		case len(bs) > 0:
 			g.tag = keyPart(bs[0].Key)
-		} else {
+		case len(ss) > 0:
 			g.tag = keyPart(ss[0].Key)
+		default:
+			g.tag = keyPart(qs[0].Key)
 		}
 		return []group{g}
 	}
@@ -405,6 +428,10 @@ func (s *Store) groups(bs []buckets.Bucket, ss []buckets.Slot) []group {
 		g := at(sl.Key)
 		g.slots = append(g.slots, j)
 	}
+	for j, q := range qs {
+		g := at(q.Key)
+		g.quotas = append(g.quotas, j)
+	}
 	return gs
 }
 
@@ -415,11 +442,13 @@ func newID() string {
 }
 
 // rank orders refusal reasons for combining the groups of a chain, as one
-// script would decide: never admissible, then short of tokens, then
-// concurrency.
+// script would decide: never admissible, then over quota, then short of
+// tokens, then concurrency.
 func rank(r buckets.Reason) int {
 	switch r {
 	case buckets.NeverAdmissible:
+		return 4
+	case buckets.OverQuota:
 		return 3
 	case buckets.ShortOfTokens:
 		return 2
@@ -429,7 +458,7 @@ func rank(r buckets.Reason) int {
 	return 0
 }
 
-var scriptReasons = [...]buckets.Reason{buckets.Admitted, buckets.ShortOfTokens, buckets.ConcurrencyFull, buckets.NeverAdmissible}
+var scriptReasons = [...]buckets.Reason{buckets.Admitted, buckets.ShortOfTokens, buckets.ConcurrencyFull, buckets.NeverAdmissible, buckets.OverQuota}
 
 // Reserve implements buckets.Store with one op per group (one in
 // standalone mode), batched with others (see batch.go). A request without
@@ -448,11 +477,22 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 		id = newID()
 	}
 	obs := make([]buckets.Observation, len(req.Buckets))
-	gs := s.groups(req.Buckets, req.Slots)
+	var spans []buckets.Span
+	var spent []float64
+	var now time.Time
+	if len(req.Quotas) > 0 {
+		now = s.now()
+		spans, spent = make([]buckets.Span, len(req.Quotas)), make([]float64, len(req.Quotas))
+		for j, q := range req.Quotas {
+			spans[j] = s.spans.Span(q.Window, now)
+		}
+	}
+	gs := s.groups(req.Buckets, req.Slots, req.Quotas)
 	ops := make([]op, len(gs))
 	for k, g := range gs {
 		ops[k] = op{reserve: true, g: g, id: idPart(id), record: s.recordKey(g.tag), bs: req.Buckets, ss: req.Slots,
-			cost: req.Cost, maxWait: req.MaxWait, priority: req.Priority, life: req.LifetimeOrDefault(), obs: obs}
+			qs: req.Quotas, spans: spans, cost: req.Cost, money: req.Money,
+			maxWait: req.MaxWait, priority: req.Priority, life: req.LifetimeOrDefault(), obs: obs, spent: spent}
 	}
 	// The groups of a cluster chain live on different nodes: ask them all
 	// at once. Each writes only its own buckets' observations.
@@ -472,19 +512,23 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 		}
 	}
 	if firstErr != nil {
-		return buckets.Decision{}, s.compensate(ctx, took, req, id, fmt.Errorf("redisstore: reserve: %w", firstErr))
+		return buckets.Decision{}, s.compensate(ctx, took, req, spans, id, fmt.Errorf("redisstore: reserve: %w", firstErr))
 	}
 	if reason != buckets.Admitted && len(took) > 0 {
 		for _, g := range took {
+			// Report the levels and spend the request met.
 			for _, i := range g.buckets {
-				obs[i].Level += req.Cost // report the level the request met
+				obs[i].Level += req.Cost
+			}
+			for _, j := range g.quotas {
+				spent[j] -= req.QuotaCost(req.Quotas[j])
 			}
 		}
-		if err := s.compensate(ctx, took, req, id, nil); err != nil {
+		if err := s.compensate(ctx, took, req, spans, id, nil); err != nil {
 			return buckets.Decision{}, err
 		}
 	}
-	return buckets.NewDecision(req, id, reason, obs, full), nil
+	return buckets.NewDecision(req, id, buckets.Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: now}), nil
 }
 
 // recordKey is the sorted set that holds the records of the open
@@ -519,7 +563,7 @@ func slotTag(slot uint16) string { return slotTags()[slot] }
 // failed. It runs on its own timeout, since the operation's may be spent:
 // the tokens must not stay taken. If it fails, the tokens stay taken until
 // refill returns them — the safe side.
-func (s *Store) compensate(ctx context.Context, took []group, req buckets.Request, id string, cause error) error {
+func (s *Store) compensate(ctx context.Context, took []group, req buckets.Request, spans []buckets.Span, id string, cause error) error {
 	if len(took) == 0 {
 		return cause
 	}
@@ -527,8 +571,10 @@ func (s *Store) compensate(ctx context.Context, took []group, req buckets.Reques
 	defer cancel()
 	obs := make([]buckets.Observation, len(req.Buckets))
 	ops := make([]op, len(took))
+	qdelta := func(j int) float64 { return -req.QuotaCost(req.Quotas[j]) }
 	for k, g := range took {
-		ops[k] = op{g: g, id: idPart(id), record: s.recordKey(g.tag), bs: req.Buckets, ss: req.Slots, refund: req.Cost, obs: obs}
+		ops[k] = op{g: g, id: idPart(id), record: s.recordKey(g.tag), bs: req.Buckets, ss: req.Slots, qs: req.Quotas, spans: spans,
+			refund: req.Cost, qdelta: qdelta, obs: obs}
 	}
 	eachGroup(len(ops), func(k int) { s.do(cctx, &ops[k]) })
 	errs := []error{cause}
@@ -557,14 +603,19 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
 		return nil, err
 	}
+	if err := r.ValidateQuotas(); err != nil {
+		return nil, err
+	}
 	ctx, cancel := s.detach(ctx)
 	defer cancel()
 	obs := make([]buckets.Observation, len(r.Buckets))
 	delta := func(b buckets.Bucket) float64 { return r.Charged(b) - actual }
-	gs := s.groups(r.Buckets, r.Slots)
+	qdelta := func(j int) float64 { return r.UsedQuota(r.Quotas[j], actual) - r.ChargedQuota(r.Quotas[j]) }
+	gs := s.groups(r.Buckets, r.Slots, r.Quotas)
 	ops := make([]op, len(gs))
 	for k, g := range gs {
-		ops[k] = op{g: g, id: idPart(r.ID), record: s.recordKey(g.tag), bs: r.Buckets, ss: r.Slots, delta: delta, obs: obs}
+		ops[k] = op{g: g, id: idPart(r.ID), record: s.recordKey(g.tag), bs: r.Buckets, ss: r.Slots, qs: r.Quotas, spans: r.Windows,
+			delta: delta, qdelta: qdelta, obs: obs}
 	}
 	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
 	for k := range ops {
@@ -582,12 +633,16 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 }
 
 // Extend implements buckets.Store (S14): one script call per group of hard
-// buckets; if a later group refuses, the earlier ones are refunded.
+// buckets and hard quotas; if a later group refuses, the earlier ones are
+// refunded.
 func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
 	if r == nil {
 		return false, fmt.Errorf("%w: extend: nil reservation", buckets.ErrInvalidRequest)
 	}
 	if err := buckets.ValidateAmount("extend amount", n); err != nil {
+		return false, err
+	}
+	if err := r.ValidateQuotas(); err != nil {
 		return false, err
 	}
 	if n == 0 || !r.HasHard() {
@@ -599,30 +654,51 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	}
 	defer cancel()
 	var hard []buckets.Bucket
-	var index []int
+	var hardQ []buckets.Quota
+	var index, indexQ []int
 	for i, b := range r.Buckets {
 		if b.Hard {
 			hard = append(hard, b)
 			index = append(index, i)
 		}
 	}
+	for j, q := range r.Quotas {
+		if q.Hard {
+			hardQ = append(hardQ, q)
+			indexQ = append(indexQ, j)
+		}
+	}
 	nowArg := s.nowArg()
+	var now time.Time
+	if len(hardQ) > 0 {
+		now = s.now()
+	}
 	var took []group
-	for _, g := range s.groups(hard, nil) {
-		keys := make([]string, 0, len(g.buckets))
-		args := make([]any, 0, 3+4*len(g.buckets))
+	for _, g := range s.groups(hard, nil, hardQ) {
+		keys := make([]string, 0, len(g.buckets)+len(g.quotas))
+		args := make([]any, 0, 4+4*len(g.buckets)+3*len(g.quotas))
 		args = append(args, nowArg, len(g.buckets), num(n))
 		for _, i := range g.buckets {
 			keys = append(keys, s.bucketKey(hard[i].Key))
 			la := s.limitArgs(hard[i])
 			args = append(args, la[0], la[1], la[2], la[3])
 		}
+		args = append(args, len(g.quotas))
+		for _, j := range g.quotas {
+			q, span := hardQ[j], r.Windows[indexQ[j]]
+			keys = append(keys, s.quotaKey(q.Key, span.ID))
+			args = append(args, num(q.Limit), num(r.ExtendQuota(q, n)), strconv.FormatFloat(quotaTTL(span, now), 'f', 0, 64))
+		}
 		out, err := s.run(ctx, extendScript, keys, args)
 		if err == nil && out[0] == int64(1) {
-			// Record the group in terms of the reservation's buckets.
+			// Record the group in terms of the reservation's buckets and
+			// quotas.
 			rg := group{tag: g.tag}
 			for _, i := range g.buckets {
 				rg.buckets = append(rg.buckets, index[i])
+			}
+			for _, j := range g.quotas {
+				rg.quotas = append(rg.quotas, indexQ[j])
 			}
 			took = append(took, rg)
 			continue
@@ -630,8 +706,9 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 		if len(took) > 0 {
 			cctx, cancel := s.detach(ctx)
 			obs := make([]buckets.Observation, len(r.Buckets))
+			qdelta := func(j int) float64 { return -r.ExtendQuota(r.Quotas[j], n) }
 			for _, tg := range took {
-				o := op{g: tg, id: idPart(r.ID), bs: r.Buckets, refund: n, obs: obs}
+				o := op{g: tg, id: idPart(r.ID), bs: r.Buckets, qs: r.Quotas, spans: r.Windows, refund: n, qdelta: qdelta, obs: obs}
 				if s.do(cctx, &o); o.err != nil && err == nil {
 					err = o.err
 				}
@@ -645,6 +722,66 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	}
 	r.Extended += n
 	return true, nil
+}
+
+// Inspect implements buckets.Inspector: one script call per group (one in
+// standalone mode), reading levels refilled to now and the spend of each
+// quota's current window, writing nothing.
+func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error) {
+	if err := buckets.ValidateInspect(bs, qs); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel, err := s.start(ctx, "inspect")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cancel()
+	now := s.now()
+	spans := make([]buckets.Span, len(qs))
+	for j, q := range qs {
+		spans[j] = s.spans.Span(q.Window, now)
+	}
+	obs := make([]buckets.Observation, len(bs))
+	spent := make([]float64, len(qs))
+	for _, g := range s.groups(bs, nil, qs) {
+		keys := make([]string, 0, len(g.buckets)+len(g.quotas))
+		args := []any{s.nowArg(), len(g.buckets)}
+		for _, i := range g.buckets {
+			keys = append(keys, s.bucketKey(bs[i].Key))
+			la := s.limitArgs(bs[i])
+			args = append(args, la[0], la[1])
+		}
+		for _, j := range g.quotas {
+			keys = append(keys, s.quotaKey(qs[j].Key, spans[j].ID))
+		}
+		out, err := s.run(ctx, inspectScript, keys, args)
+		if err != nil {
+			return nil, nil, fmt.Errorf("redisstore: inspect: %w", err)
+		}
+		p, _ := out[0].(string)
+		if len(out) != 1 || len(p) != 8*(2*len(g.buckets)+len(g.quotas)) {
+			return nil, nil, fmt.Errorf("%w: unexpected inspect reply %q", buckets.ErrStore, out)
+		}
+		f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[8*i:]))) }
+		at := 0
+		for _, i := range g.buckets {
+			obs[i] = buckets.Observation{Level: f(at), Hold: time.Duration(f(at+1)) * time.Microsecond}
+			at += 2
+		}
+		for _, j := range g.quotas {
+			spent[j] = f(at)
+			at++
+		}
+	}
+	states := make([]buckets.BucketState, len(bs))
+	for i, b := range bs {
+		states[i] = buckets.NewState(b, obs[i])
+	}
+	quotas := make([]buckets.QuotaState, len(qs))
+	for j, q := range qs {
+		quotas[j] = buckets.NewQuotaState(q, spans[j], spent[j], now)
+	}
+	return states, quotas, nil
 }
 
 // Pause implements buckets.Store (S18): the bucket is empty until the given

@@ -44,10 +44,11 @@ func configFixtures(t *testing.T) []string {
 // checks). Redis configurations build without a reachable Redis: its
 // absence is a failure mode (S21), not a configuration error.
 func TestValidateAndServeAgree(t *testing.T) {
-	// The one thing a configuration names that is outside it: the Redis
-	// password comes from the environment at run time.
+	// What a configuration names outside it: the Redis password and the
+	// admin API's token come from the environment at run time.
 	t.Setenv("TOKENGATE_REDIS_PASSWORD", "secret")
 	t.Setenv("TOKENGATE_TEST_REDIS_PASSWORD", "secret")
+	t.Setenv("TOKENGATE_TEST_ADMIN_TOKEN", "secret")
 	valid, invalid := 0, 0
 	for _, f := range configFixtures(t) {
 		t.Run(strings.TrimPrefix(f, "../../"), func(t *testing.T) {

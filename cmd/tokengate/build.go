@@ -36,6 +36,29 @@ type parts struct {
 	metrics  *metrics.Metrics
 	ready    atomic.Bool
 	closers  []func() error
+
+	liveState // limits as data: overrides, the admin API and reloads (admin.go)
+}
+
+// heartbeats announces this gateway to the fleet sharing the store
+// (store.fleet) until the returned function is called; that function takes
+// the gateway out of the fleet and returns once it has. Serve runs them for
+// as long as it serves, and stops them after the last settlement is
+// written. Without a fleet it does nothing.
+func (p *parts) heartbeats() (stop func()) {
+	if p.failover == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.failover.Heartbeats(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 func (p *parts) close() {
@@ -56,25 +79,39 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	p := &parts{registry: prometheus.NewRegistry()}
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.metrics = metrics.New(p.registry)
-	store, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
+	primary, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
 	if err != nil {
 		return nil, err
 	}
 	if closeStore != nil {
 		p.closers = append(p.closers, closeStore)
 	}
-	shared := store
-	store = p.metrics.Instrument(store)
+	p.raw = primary
+	var store buckets.Store = p.metrics.Instrument(primary)
 	if cfg.Store.Type != "memory" {
 		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback}
 		if cfg.Store.OnFailure == "open" {
 			opts.Mode = failover.Open
 			opts.Fallback = cfg.Store.Fallback.Limit()
+			if f := cfg.Store.Fleet; f != nil {
+				// The fleet is counted in the shared store itself; its
+				// heartbeats are not bucket operations, so they bypass
+				// the metrics wrapper.
+				fleet, ok := primary.(failover.Fleet)
+				if !ok {
+					p.close()
+					return nil, fmt.Errorf("store.fleet: the %s store cannot count a fleet", cfg.Store.Type)
+				}
+				opts.Fleet, opts.HeartbeatEvery, opts.OnShare = fleet, f.Heartbeat, p.metrics.Share
+				if f.Floor != nil {
+					opts.FallbackFloor = f.Floor.Limit()
+				}
+			}
 		}
 		p.failover = failover.New(store, opts)
 		store = p.failover
 	}
-	store = withLeases(cfg, store, shared, logger, opts.now, &p.closers)
+	store = withLeases(cfg, store, primary, logger, opts.now, &p.closers)
 	p.store = store
 	p.counter, err = newCounter(cfg)
 	if err != nil {
@@ -93,6 +130,10 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	}
 	p.server, err = extproc.NewServer(sc)
 	if err != nil {
+		p.close()
+		return nil, err
+	}
+	if err := p.buildLimits(ctx, cfg, logger); err != nil {
 		p.close()
 		return nil, err
 	}
@@ -164,8 +205,14 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 		PolicyMetadataKey: cfg.PolicyMetadataKey,
 		Store:             store,
 		Counter:           counter,
+		Prices:            cfg.Prices(),
 		Namespace:         cfg.Namespace,
 		MaxBodyBytes:      cfg.Listeners.MaxRecvMsgBytes,
+		MaxStreams:        cfg.Listeners.MaxStreams,
+		StreamIdleTimeout: cfg.Listeners.StreamIdleTimeout,
+		MaxEventBytes:     cfg.Listeners.MaxEventBytes,
+		UsageMargin:       *cfg.UsageBound.Margin,
+		UsageSlack:        *cfg.UsageBound.Slack,
 		Logger:            logger,
 	}
 	policies, err := policies(cfg)
@@ -191,6 +238,7 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 		if cp.Wait != nil {
 			p.MaxWait, p.MaxQueue = cp.Wait.MaxWait, cp.Wait.MaxQueue
 		}
+		p.Tier, p.Tiers = tiers(cp)
 		for _, id := range cp.Identities {
 			p.Identities = append(p.Identities, extproc.Identity{
 				Name: id.Name, Header: id.Header, Metadata: id.Metadata, Path: id.Path, Hash: id.Hash,
@@ -208,6 +256,13 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 		}
 		for _, c := range cp.Concurrency {
 			p.Concurrency = append(p.Concurrency, extproc.ConcurrencyRule{Name: c.Name, Per: c.Per, Max: c.Max, Lease: c.Lease})
+		}
+		for j, q := range cp.Quotas {
+			w, unit, limit, err := q.Budget()
+			if err != nil {
+				return nil, fmt.Errorf("policies[%d].quotas[%d]: %w", i, j, err)
+			}
+			p.Quotas = append(p.Quotas, extproc.QuotaRule{Name: q.Name, Per: q.Per, Window: w, Unit: unit, Limit: limit, Hard: q.Hard})
 		}
 		out = append(out, p)
 	}
@@ -230,6 +285,7 @@ func (p *parts) adminHandler() http.Handler {
 		}
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry}))
+	p.adminAPI(mux)
 	return mux
 }
 

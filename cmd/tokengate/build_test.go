@@ -64,3 +64,34 @@ policies:
 		t.Errorf("server config = %q %q %q", sc.DefaultPolicy, sc.PolicyMetadataKey, sc.Namespace)
 	}
 }
+
+// The stream bounds and the bound on reported usage reach the server as
+// configured, and their defaults are the server's own.
+func TestServerConfigStreamBounds(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want [5]any
+	}{
+		{`
+listeners: {max_streams: 7, stream_idle_timeout: 90s, max_event_bytes: 131072}
+usage_bound: {margin: 2, slack: 100}
+policies: [{name: p, buckets: [{name: g, tokens_per_minute: 600}]}]
+`, [5]any{7, 90 * time.Second, 131072, 2.0, 100}},
+		{`
+policies: [{name: p, buckets: [{name: g, tokens_per_minute: 600}]}]
+`, [5]any{10000, 10 * time.Minute, 4 << 20, 4.0, 4096}},
+	} {
+		cfg, err := config.Parse("t.yaml", []byte(tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc, err := serverConfig(cfg, buckets.NewMemory(buckets.MemoryOptions{}), nil, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := [5]any{sc.MaxStreams, sc.StreamIdleTimeout, sc.MaxEventBytes, sc.UsageMargin, sc.UsageSlack}
+		if got != tc.want {
+			t.Errorf("%s: max_streams, stream_idle_timeout, max_event_bytes, margin, slack = %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+}

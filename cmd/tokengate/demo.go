@@ -125,6 +125,15 @@ func startDemo(ctx context.Context, opts demoOptions) (*demoEnv, error) {
 	parts.server.Register(gs)
 	go gs.Serve(gLis)
 	env.closers = append(env.closers, gs.Stop)
+	// As serve does: settle what is still open and write every queued
+	// settlement before the gRPC server stops.
+	env.closers = append(env.closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := parts.server.Shutdown(sctx); err != nil {
+			opts.logger.Warn("shutdown: streams still open at the deadline were settled", "err", err)
+		}
+	})
 	if opts.admin != "" {
 		aLis, err := net.Listen("tcp", opts.admin)
 		if err != nil {

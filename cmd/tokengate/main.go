@@ -2,10 +2,12 @@
 // LLM traffic by tokens.
 //
 //	tokengate serve [--config FILE]     run the ext_proc server
-//	tokengate validate FILE...          check tokengate configs and Envoy YAML
+//	tokengate validate [--strict] FILE...  check tokengate configs and Envoy YAML
 //	tokengate count [flags] FILE|-      what a request body reserves
 //	tokengate demo [--serve]            a scripted tour, no Envoy, Docker or keys needed
 //	tokengate health [--url URL]        probe a running tokengate's /readyz
+//	tokengate limits set|get|rm ...     per-identity limits, through the admin API
+//	tokengate usage IDENTITY...         one identity's limits and what remains
 //	tokengate mock-llm [--listen ADDR]  the mock LLM upstream of the demo stack
 //	tokengate version                   the version and commit of this binary
 //
@@ -21,6 +23,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	// The IANA time zone database, embedded (about 450 KB): quota windows
+	// name their time zone (buckets.ParseWindow), and a zone must load —
+	// and validate — the same on every host, including scratch images and
+	// hosts without /usr/share/zoneinfo. The system's database is still
+	// used when there is one.
+	_ "time/tzdata"
 
 	"github.com/tokengate/tokengate/config"
 )

@@ -9,6 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -29,7 +33,19 @@ so in its first log line. --grpc and --admin replace the listener addresses
 of the configuration.
 
 On SIGTERM or SIGINT health turns NOT_SERVING first, in-flight streams get
-shutdown_grace, and whatever is still open is settled before it exits.`
+shutdown_grace, and whatever is still open is settled before it exits.
+
+SIGHUP, or a change of the --config file, reloads it: a valid configuration
+applies its policies (tiers and overrides included) and default_policy to
+new requests, while streams in flight settle as they started; bucket levels
+carry over. A file with problems, or one that changes anything else
+(listeners, store, tokenizer, admin, metadata keys, shutdown_grace: those
+need a restart), is refused and logged, and the configuration in force
+keeps serving. tokengate_config_reload_total{result} counts both.
+
+With admin_api.token_env set, the admin listener also serves the admin API:
+/v1/limits (per-identity overrides, see tokengate limits) and /v1/usage
+(see tokengate usage), each needing that bearer token.`
 
 // runServe runs the ext_proc server until ctx is cancelled, then shuts down
 // gracefully: health NOT_SERVING first, in-flight streams get the configured
@@ -54,6 +70,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	routeRedisLogs(logger, lvl)
 
+	// SIGHUP reloads the configuration; without this it would end the
+	// process. The file's stamp is taken before it is read, so that a
+	// change made meanwhile is seen.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	src := &reloadSource{path: *path, grpc: *grpcAddr, admin: *adminAddr, hup: hup}
+	if *path != "" {
+		src.stamp = stampOf(*path)
+	}
 	cfg, err := loadConfig(*path)
 	if err != nil {
 		return err
@@ -67,7 +93,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		logger.Info("tokengate starting on embedded defaults (no --config given): memory store, policy \"default\"",
 			"store", cfg.Store.Type, "grpc", cfg.Listeners.GRPC, "admin", cfg.Listeners.Admin)
 	}
-	return serve(ctx, cfg, logger, nil)
+	return serveWith(ctx, cfg, logger, nil, src)
 }
 
 // loadConfig is the configuration serve and count run on: the file at path,
@@ -85,6 +111,12 @@ func loadConfig(path string) (*config.Config, error) {
 type listeners struct{ grpc, admin net.Listener }
 
 func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *listeners) error {
+	return serveWith(ctx, cfg, logger, ls, &reloadSource{})
+}
+
+// serveWith is serve, reloading the configuration from src on SIGHUP and
+// when its file changes.
+func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *listeners, src *reloadSource) error {
 	sec, err := newListenerTLS(cfg.Listeners, logger)
 	if err != nil {
 		return err
@@ -94,6 +126,15 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 		return err
 	}
 	defer parts.close()
+	// Overrides follow the store, and the configuration its file, until
+	// shutdown; both stop before the store's connections close.
+	bg, stopBG := context.WithCancel(context.Background())
+	var background sync.WaitGroup
+	defer background.Wait()
+	defer stopBG()
+	background.Go(func() { parts.live.run(bg, overridePoll) })
+	reload := newReloader(src, parts, logger)
+	background.Go(func() { reload.run(bg) })
 
 	if ls == nil {
 		ls = &listeners{}
@@ -129,6 +170,9 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 	}()
 	logger.Info("listening", "grpc", ls.grpc.Addr().String(), "grpc_transport", sec.mode,
 		"admin", ls.admin.Addr().String(), "admin_tls", sec.admin != nil)
+	// The gateway counts in the fleet (store.fleet) while it serves, and
+	// until its last settlement is written.
+	stopHeartbeats := parts.heartbeats()
 
 	var serveErr error
 	select {
@@ -144,6 +188,8 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 	defer cancel()
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
+	// Shutdown settles the streams still open at the deadline and writes
+	// every settlement the store still queues.
 	if err := parts.server.Shutdown(sctx); err != nil {
 		logger.Warn("shutdown: streams still open at the deadline were settled", "err", err)
 	}
@@ -153,6 +199,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *lis
 		gs.Stop()
 		<-stopped
 	}
+	stopHeartbeats()
 	actx, acancel := context.WithTimeout(context.Background(), time.Second)
 	defer acancel()
 	_ = admin.Shutdown(actx)

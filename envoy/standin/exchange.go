@@ -88,7 +88,7 @@ type exchange struct {
 
 	req, res dir
 
-	stream       extprocv3.ExternalProcessor_ProcessClient
+	stream       *sender // nil until the side stream opens, and again once it is closed
 	streamCancel context.CancelFunc
 	sentAny      bool
 	complete     bool // processing_complete: the server is no longer consulted
@@ -294,8 +294,8 @@ func (x *exchange) stopBodyRead() {
 
 // readBody feeds the downstream request body to the loop in chunks; the last chunk carries
 // eos (possibly empty).
-func (x *exchange) readBody(body io.Reader, ch chan<- chunk, max int) {
-	buf := make([]byte, max)
+func (x *exchange) readBody(body io.Reader, ch chan<- chunk, readSize int) {
+	read := x.chunker(body, false, readSize)
 	for {
 		x.readMu.Lock()
 		if x.readStop {
@@ -304,18 +304,18 @@ func (x *exchange) readBody(body io.Reader, ch chan<- chunk, max int) {
 		}
 		x.reading = true
 		x.readMu.Unlock()
-		n, err := body.Read(buf)
+		data, err := read()
 		x.readMu.Lock()
 		x.reading = false
 		x.readMu.Unlock()
-		c := chunk{data: bytes.Clone(buf[:n])}
+		c := chunk{data: data}
 		if err == io.EOF {
 			c.eos = true
 			c.trailers = requestTrailers(x.r.Trailer) // filled in at the body's end
 		} else if err != nil {
 			c.err = err
 		}
-		if n > 0 || err != nil {
+		if len(data) > 0 || err != nil {
 			select {
 			case ch <- c:
 			case <-x.quit:
@@ -328,8 +328,36 @@ func (x *exchange) readBody(body io.Reader, ch chan<- chunk, max int) {
 	}
 }
 
-// readUpstream feeds the upstream response body re-split to ChunkSize, with HTTP/1 style
-// final empty eos chunk or eos on the last data chunk.
+// chunker returns what reads body chunk by chunk: as the reads deliver it (at most readSize
+// bytes at a time), or cut to the sizes Config.Cuts gives, waiting for each chunk to fill. Each
+// chunk is a new slice; io.EOF may come with the last one.
+func (x *exchange) chunker(body io.Reader, response bool, readSize int) func() ([]byte, error) {
+	var cuts []int
+	if x.p.cfg.Cuts != nil {
+		cuts = x.p.cfg.Cuts(x.r, response)
+	}
+	if len(cuts) == 0 {
+		buf := make([]byte, readSize)
+		return func() ([]byte, error) {
+			n, err := body.Read(buf)
+			return bytes.Clone(buf[:n]), err
+		}
+	}
+	i := 0
+	return func() ([]byte, error) {
+		size := max(cuts[min(i, len(cuts)-1)], 1)
+		i++
+		b := make([]byte, size)
+		n, err := io.ReadFull(body, b)
+		if err == io.ErrUnexpectedEOF {
+			err = io.EOF
+		}
+		return b[:n], err
+	}
+}
+
+// readUpstream feeds the upstream response body re-split to ChunkSize (or cut as
+// Config.Cuts says), with HTTP/1 style final empty eos chunk or eos on the last data chunk.
 func (x *exchange) readUpstream(body io.Reader, ch chan<- chunk) {
 	size, lastEOS := x.p.cfg.ChunkSize, x.p.cfg.EOSOnLastChunk
 	emit := func(c chunk) bool {
@@ -340,11 +368,10 @@ func (x *exchange) readUpstream(body io.Reader, ch chan<- chunk) {
 			return false
 		}
 	}
+	read := x.chunker(body, true, 32<<10)
 	var pending []byte
-	buf := make([]byte, 32<<10)
 	for {
-		n, err := body.Read(buf)
-		data := buf[:n]
+		data, err := read()
 		for len(data) > 0 {
 			k := len(data)
 			if size > 0 && k > size {
@@ -353,7 +380,7 @@ func (x *exchange) readUpstream(body io.Reader, ch chan<- chunk) {
 			if pending != nil && !emit(chunk{data: pending}) {
 				return
 			}
-			pending = bytes.Clone(data[:k])
+			pending = data[:k:k]
 			data = data[k:]
 			if !lastEOS {
 				if !emit(chunk{data: pending}) {
@@ -403,7 +430,7 @@ func (x *exchange) openStream() bool {
 		x.sideFailure(err)
 		return false
 	}
-	x.stream, x.streamCancel = s, cancel
+	x.stream, x.streamCancel = startSender(s, x.p.log), cancel
 	x.srvCh = make(chan srvEvent)
 	x.recvDone = make(chan struct{})
 	go func(ch chan<- srvEvent, done chan<- struct{}) {
@@ -433,10 +460,7 @@ func (x *exchange) closeStream() {
 	if x.stream == nil {
 		return
 	}
-	// CloseSend fails only when the call has ended already; the reset below is then a no-op.
-	if err := x.stream.CloseSend(); err != nil {
-		x.p.log.Debug("ext_proc half-close", "err", err)
-	}
+	x.stream.close()
 	cancel, done, wait := x.streamCancel, x.recvDone, x.p.cfg.RemoteCloseTimeout
 	if !x.p.cfg.GracefulClose {
 		cancel()
@@ -471,8 +495,7 @@ func (x *exchange) send(kind string, m *extprocv3.ProcessingRequest) bool {
 	}
 	x.entry.Sent = append(x.entry.Sent, kind)
 	x.p.log.Debug("ext_proc send", "kind", kind, "path", x.entry.Path)
-	// A failed Send means the call ended; Recv reports why.
-	_ = x.stream.Send(m)
+	x.stream.send(m)
 	return true
 }
 

@@ -28,6 +28,9 @@
 //   - a local reply to a request already on its way upstream (STREAMED or duplex) resets the
 //     downstream stream and the upstream request; an HTTP/1 connection whose request was not
 //     read to its end is closed after a local reply;
+//   - side-stream messages written in order from a goroutine of their own, as Envoy's async
+//     gRPC client queues them: answers are read while a Send waits on flow control, so the
+//     two sides never stall each other with large bodies in flight both ways;
 //   - side-stream close: a half-close followed at once by a reset, as Envoy does by default,
 //     or the graceful close of the runtime guard ext_proc_graceful_grpc_close
 //     ([Config.GracefulClose]).
@@ -96,6 +99,14 @@ type Config struct {
 	// ChunkSize re-splits upstream response bodies into chunks of at most this many bytes
 	// (down to 1). Zero passes chunks as read from the upstream.
 	ChunkSize int
+	// Cuts, if set, returns how the body of a request (response false) or of its upstream
+	// response (response true) is cut into body messages: the sizes of successive chunks,
+	// the last size repeating (sizes below 1 count as 1). The stand-in then waits for each
+	// chunk to fill, or the body to end, before passing it on, so that chunk boundaries do
+	// not depend on how the bytes arrived; a body that ends on a boundary ends with an empty
+	// end_of_stream chunk. ChunkSize still applies to response chunks. Nil, or no sizes,
+	// passes request chunks as read and response chunks as ChunkSize says.
+	Cuts func(r *http.Request, response bool) []int
 	// EOSOnLastChunk makes the last response body chunk carry end_of_stream (HTTP/2 style).
 	// False sends an HTTP/1 style final empty chunk with end_of_stream.
 	EOSOnLastChunk bool

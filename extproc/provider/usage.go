@@ -12,8 +12,8 @@ import (
 // negative token count.
 var ErrMalformed = errors.New("malformed provider response")
 
-// Usage is the one shape provider usage is read into (S22). The README of this
-// package has the table of where each field comes from per provider.
+// Usage is the one shape provider usage is read into (S22). docs/wire-formats.md
+// has the table of where each field comes from per provider.
 //
 // The zero value reports no tokens. Usage is a plain value, safe to copy and
 // to share between goroutines.

@@ -1,0 +1,469 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/redisstore"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/extproc"
+)
+
+// liveState is what serve changes while it runs: the configuration in
+// force (Reload replaces its policies), the per-identity overrides, and the
+// admin API that writes them and reports usage.
+type liveState struct {
+	cfg       atomic.Pointer[config.Config]
+	raw       buckets.Store // the bucket store itself, unwrapped: usage reads it
+	overrides overrideStore
+	live      *liveLimits
+	// token is the admin API's bearer token; nil disables the API.
+	token    []byte
+	tokenEnv string
+}
+
+// buildLimits sets up overrides and the admin API for p's server, and reads
+// the stored overrides once (a store that does not answer is logged; the
+// overrides follow as soon as it does).
+func (p *parts) buildLimits(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
+	p.cfg.Store(cfg)
+	if rs, ok := p.raw.(*redisstore.Store); ok {
+		p.overrides = rs.Overrides()
+	} else {
+		p.overrides = &buckets.MemoryOverrides{}
+	}
+	p.live = newLiveLimits(p.overrides, p.server, cfg, logger, p.registry)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := p.live.sync(sctx); err != nil {
+		logger.Warn("limit overrides not read from the store at start-up; they apply once it answers", "err", err)
+	}
+	if env := cfg.AdminAPI.TokenEnv; env != "" {
+		tok := os.Getenv(env)
+		if strings.TrimSpace(tok) == "" {
+			return fmt.Errorf("admin_api.token_env: environment variable %s is not set or empty (the admin API's bearer token)", env)
+		}
+		p.token, p.tokenEnv = []byte(tok), env
+		if host, _, err := net.SplitHostPort(cfg.Listeners.Admin); err == nil && !isLoopbackHost(host) && cfg.Listeners.AdminTLS == nil {
+			logger.Warn("the admin API is on a non-loopback address without TLS: its bearer token and identity values travel in clear; set listeners.admin_tls",
+				"admin", cfg.Listeners.Admin)
+		}
+	}
+	return nil
+}
+
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// apply makes cfg the configuration in force: its policies for new
+// requests, its overrides, and the stored overrides checked against it.
+// cfg is validated and needs no restart (config.NeedsRestart).
+func (p *parts) apply(cfg *config.Config) error {
+	pols, err := policies(cfg)
+	if err != nil {
+		return err
+	}
+	p.server.Reload(pols, cfg.DefaultPolicy)
+	p.cfg.Store(cfg)
+	p.live.setConfig(cfg)
+	return nil
+}
+
+// maxAdminBody bounds a request body of the admin API.
+const maxAdminBody = 16 << 10
+
+// adminAPI registers the admin API on mux: /v1/limits (overrides) and
+// /v1/usage, behind the bearer token.
+func (p *parts) adminAPI(mux *http.ServeMux) {
+	const one = "/v1/limits/{policy}/{rule}/{identity...}"
+	mux.HandleFunc("PUT "+one, p.authorized(p.putLimit))
+	mux.HandleFunc("GET "+one, p.authorized(p.getLimit))
+	mux.HandleFunc("DELETE "+one, p.authorized(p.deleteLimit))
+	mux.HandleFunc("GET /v1/limits", p.authorized(p.listLimits))
+	mux.HandleFunc("GET /v1/limits/{policy}", p.authorized(p.listLimits))
+	mux.HandleFunc("GET /v1/usage", p.authorized(p.usage))
+}
+
+// apiError is the body of every admin API error.
+type apiError struct {
+	Error apiErrorDetail `json:"error"`
+}
+
+type apiErrorDetail struct {
+	Code     string       `json:"code"`
+	Message  string       `json:"message"`
+	Problems []apiProblem `json:"problems,omitempty"`
+}
+
+type apiProblem struct {
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("content-type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the client went away: nothing to do
+}
+
+func fail(w http.ResponseWriter, status int, code, format string, args ...any) {
+	writeJSON(w, status, apiError{apiErrorDetail{Code: code, Message: fmt.Sprintf(format, args...)}})
+}
+
+// authorized refuses a request without the bearer token (401), and every
+// request when no token is configured (403): the admin API changes limits.
+func (p *parts) authorized(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if p.token == nil {
+			fail(w, http.StatusForbidden, "admin_api_disabled",
+				"the admin API is disabled: set admin_api.token_env in the configuration to the name of an environment variable holding its bearer token")
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), p.token) != 1 {
+			w.Header().Set("www-authenticate", `Bearer realm="tokengate admin"`)
+			fail(w, http.StatusUnauthorized, "unauthorized", "this needs the admin API's bearer token (Authorization: Bearer <token>, the value of %s)", p.tokenEnv)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// limitTarget is the override a /v1/limits/{policy}/{rule}/{identity}
+// request names, with the identity in its stored form.
+type limitTarget struct {
+	key buckets.OverrideKey
+	cfg *config.Config
+}
+
+// target reads the override named by r's path. The identity is the value
+// requests carry, or with ?hashed=true the hashed form (h. and 32 hex
+// digits) that listings show. It answers the error itself when it fails.
+func (p *parts) target(w http.ResponseWriter, r *http.Request) (limitTarget, bool) {
+	cfg := p.cfg.Load()
+	policy, rule, raw := r.PathValue("policy"), r.PathValue("rule"), r.PathValue("identity")
+	t, err := cfg.OverrideTarget(policy, rule)
+	switch {
+	case errors.Is(err, config.ErrUnknownTarget):
+		fail(w, http.StatusNotFound, "not_found", "%s", strings.TrimPrefix(err.Error(), config.ErrUnknownTarget.Error()+": "))
+		return limitTarget{}, false
+	case err != nil:
+		fail(w, http.StatusBadRequest, "not_overridable", "%v", err)
+		return limitTarget{}, false
+	}
+	var id string
+	switch r.URL.Query().Get("hashed") {
+	case "", "false":
+		id = identityKey(t, raw)
+	case "true":
+		if !t.Hash || !config.ValidIdentityKey(raw) {
+			fail(w, http.StatusBadRequest, "invalid_identity",
+				"with hashed=true the identity is the hashed form of a hashed identity: h. and 32 hex digits (%q is keyed by %q, hashed: %v)", rule, t.Per, t.Hash)
+			return limitTarget{}, false
+		}
+		id = raw
+	default:
+		fail(w, http.StatusBadRequest, "invalid_query", "hashed is true or false")
+		return limitTarget{}, false
+	}
+	if id == "" {
+		fail(w, http.StatusBadRequest, "invalid_identity", "the identity is blank")
+		return limitTarget{}, false
+	}
+	return limitTarget{key: buckets.OverrideKey{Policy: policy, Rule: rule, Identity: id}, cfg: cfg}, true
+}
+
+// limitBody is the admin API's view of one override.
+type limitBody struct {
+	Policy   string          `json:"policy"`
+	Rule     string          `json:"rule"`
+	Identity string          `json:"identity"` // the stored form: hashed for a hashed identity
+	Limits   json.RawMessage `json:"limits,omitempty"`
+	// Problem says why a stored override is not in force (listings only).
+	Problem string `json:"problem,omitempty"`
+	Deleted bool   `json:"deleted,omitempty"`
+	Version string `json:"version,omitempty"`
+}
+
+func bodyOf(k buckets.OverrideKey, limits []byte) limitBody {
+	return limitBody{Policy: k.Policy, Rule: k.Rule, Identity: k.Identity, Limits: limits}
+}
+
+func (p *parts) storeFailed(w http.ResponseWriter, err error) {
+	if errors.Is(err, buckets.ErrInvalidRequest) {
+		fail(w, http.StatusBadRequest, "invalid_request", "%v", err)
+		return
+	}
+	fail(w, http.StatusServiceUnavailable, "store_unavailable", "the override store did not answer; retry shortly")
+}
+
+func (p *parts) putLimit(w http.ResponseWriter, r *http.Request) {
+	t, ok := p.target(w, r)
+	if !ok {
+		return
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	if err != nil {
+		fail(w, http.StatusRequestEntityTooLarge, "body_too_large", "the body is larger than %d bytes", maxAdminBody)
+		return
+	}
+	lim, err := config.DecodeLimits(data)
+	if err == nil {
+		err = t.cfg.CheckOverride(t.key.Policy, t.key.Rule, lim)
+	}
+	var ps config.Problems
+	if errors.As(err, &ps) {
+		e := apiErrorDetail{Code: "invalid_limits", Message: "the limits cannot apply to this rule"}
+		for _, pr := range ps {
+			e.Problems = append(e.Problems, apiProblem{Field: pr.Field, Message: pr.Msg})
+		}
+		writeJSON(w, http.StatusBadRequest, apiError{e})
+		return
+	}
+	if err != nil {
+		fail(w, http.StatusBadRequest, "invalid_limits", "%v", err)
+		return
+	}
+	canonical, err := json.Marshal(lim)
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "internal", "%v", err)
+		return
+	}
+	version, err := p.overrides.Put(r.Context(), t.key, canonical)
+	if err != nil {
+		p.storeFailed(w, err)
+		return
+	}
+	// This gateway applies it before answering; the others within a poll.
+	if err := p.live.sync(r.Context()); err != nil {
+		fail(w, http.StatusServiceUnavailable, "store_unavailable", "stored, but not read back: it applies once the store answers")
+		return
+	}
+	b := bodyOf(t.key, canonical)
+	b.Version = version
+	writeJSON(w, http.StatusOK, b)
+}
+
+func (p *parts) getLimit(w http.ResponseWriter, r *http.Request) {
+	t, ok := p.target(w, r)
+	if !ok {
+		return
+	}
+	v, found, err := p.overrides.Get(r.Context(), t.key)
+	switch {
+	case err != nil:
+		p.storeFailed(w, err)
+	case !found:
+		fail(w, http.StatusNotFound, "not_found", "no stored override of %s/%s for this identity (overrides in the configuration file are not listed here)", t.key.Policy, t.key.Rule)
+	default:
+		writeJSON(w, http.StatusOK, bodyOf(t.key, v))
+	}
+}
+
+func (p *parts) deleteLimit(w http.ResponseWriter, r *http.Request) {
+	t, ok := p.target(w, r)
+	if !ok {
+		return
+	}
+	deleted, version, err := p.overrides.Delete(r.Context(), t.key)
+	switch {
+	case err != nil:
+		p.storeFailed(w, err)
+	case !deleted:
+		fail(w, http.StatusNotFound, "not_found", "no stored override of %s/%s for this identity", t.key.Policy, t.key.Rule)
+	default:
+		if err := p.live.sync(r.Context()); err != nil {
+			fail(w, http.StatusServiceUnavailable, "store_unavailable", "deleted, but not read back: it applies once the store answers")
+			return
+		}
+		b := bodyOf(t.key, nil)
+		b.Deleted, b.Version = true, version
+		writeJSON(w, http.StatusOK, b)
+	}
+}
+
+// limitList is the answer of GET /v1/limits[/{policy}].
+type limitList struct {
+	Version   string      `json:"version"`
+	Overrides []limitBody `json:"overrides"`
+}
+
+func (p *parts) listLimits(w http.ResponseWriter, r *http.Request) {
+	cfg := p.cfg.Load()
+	policy := r.PathValue("policy")
+	if _, ok := cfg.Policy(policy); policy != "" && !ok {
+		fail(w, http.StatusNotFound, "not_found", "policy %q is not defined", policy)
+		return
+	}
+	set, err := p.overrides.Load(r.Context())
+	if err != nil {
+		p.storeFailed(w, err)
+		return
+	}
+	out := limitList{Version: set.Version, Overrides: []limitBody{}}
+	for k, v := range set.Values {
+		if policy != "" && k.Policy != policy {
+			continue
+		}
+		b := bodyOf(k, v)
+		lim, err := config.DecodeLimits(v)
+		if err == nil {
+			err = cfg.CheckOverride(k.Policy, k.Rule, lim)
+		}
+		if err != nil {
+			b.Problem = "not in force: " + err.Error()
+		}
+		out.Overrides = append(out.Overrides, b)
+	}
+	slices.SortFunc(out.Overrides, func(a, b limitBody) int {
+		return strings.Compare(a.Policy+"\x00"+a.Rule+"\x00"+a.Identity, b.Policy+"\x00"+b.Rule+"\x00"+b.Identity)
+	})
+	writeJSON(w, http.StatusOK, out)
+}
+
+// inspector reads bucket levels and held slots without writing: the memory
+// and Redis stores (buckets.Memory, redisstore.Store).
+type inspector interface {
+	Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error)
+	InUse(ctx context.Context, ss []buckets.Slot) ([]int, error)
+}
+
+// usageReport is the answer of GET /v1/usage.
+type usageReport struct {
+	Policy     string            `json:"policy"`
+	Identities map[string]string `json:"identities"` // stored forms: hashed for hashed identities
+	Model      string            `json:"model,omitempty"`
+	Tier       string            `json:"tier,omitempty"`
+	Rules      []usageRule       `json:"rules"`
+}
+
+type usageRule struct {
+	Rule   string        `json:"rule"`
+	Kind   string        `json:"kind"` // bucket or concurrency
+	Per    string        `json:"per,omitempty"`
+	Source string        `json:"source"` // where the limit comes from: rule, tier or override
+	Limit  config.Limits `json:"limit"`
+	// Remaining is tokens for a bucket, free slots for a concurrency
+	// limit.
+	Remaining float64 `json:"remaining"`
+	InUse     *int    `json:"in_use,omitempty"`
+	// Reset is when a bucket is full again.
+	Reset        *time.Time `json:"reset,omitempty"`
+	ResetSeconds *float64   `json:"reset_seconds,omitempty"`
+}
+
+// usage answers GET /v1/usage?policy=P&identity=NAME=VALUE...: per rule of
+// the chain those requests pass, its limit in force, what remains and when
+// it is full again.
+func (p *parts) usage(w http.ResponseWriter, r *http.Request) {
+	in, ok := p.raw.(inspector)
+	if !ok {
+		fail(w, http.StatusNotImplemented, "not_supported", "this bucket store cannot report usage")
+		return
+	}
+	cfg, q := p.cfg.Load(), r.URL.Query()
+	policy := q.Get("policy")
+	if policy == "" {
+		policy = cfg.DefaultPolicy
+	}
+	pol, ok := cfg.Policy(policy)
+	if !ok {
+		fail(w, http.StatusNotFound, "not_found", "policy %q is not defined", policy)
+		return
+	}
+	hashed := q.Get("hashed") == "true"
+	rep := usageReport{Policy: policy, Identities: map[string]string{}, Model: q.Get("model"), Tier: q.Get("tier"), Rules: []usageRule{}}
+	for _, v := range q["identity"] {
+		name, value, ok := strings.Cut(v, "=")
+		if !ok {
+			if len(pol.Identities) != 1 {
+				fail(w, http.StatusBadRequest, "invalid_identity", "policy %q has %d identities: name one as identity=NAME=VALUE", policy, len(pol.Identities))
+				return
+			}
+			name, value = pol.Identities[0].Name, v
+		}
+		i := slices.IndexFunc(pol.Identities, func(id config.Identity) bool { return id.Name == name })
+		if i < 0 {
+			fail(w, http.StatusBadRequest, "invalid_identity", "policy %q has no identity %q", policy, name)
+			return
+		}
+		key := extproc.IdentityKey(value, pol.Identities[i].Hash)
+		if hashed && pol.Identities[i].Hash {
+			if !config.ValidIdentityKey(value) {
+				fail(w, http.StatusBadRequest, "invalid_identity", "with hashed=true a hashed identity is h. and 32 hex digits")
+				return
+			}
+			key = value
+		}
+		if key == "" {
+			fail(w, http.StatusBadRequest, "invalid_identity", "identity %q is blank", name)
+			return
+		}
+		rep.Identities[name] = key
+	}
+	chain, err := p.server.Chain(extproc.ChainQuery{Policy: policy, Identities: rep.Identities, Model: rep.Model, Tier: rep.Tier})
+	if err != nil {
+		fail(w, http.StatusBadRequest, "invalid_query", "%v", err)
+		return
+	}
+	var bs []buckets.Bucket
+	var ss []buckets.Slot
+	for _, c := range chain {
+		if c.Bucket != nil {
+			bs = append(bs, *c.Bucket)
+		} else {
+			ss = append(ss, *c.Slot)
+		}
+	}
+	states, _, err := in.Inspect(r.Context(), bs, nil)
+	if err != nil {
+		p.storeFailed(w, err)
+		return
+	}
+	held, err := in.InUse(r.Context(), ss)
+	if err != nil {
+		p.storeFailed(w, err)
+		return
+	}
+	now := time.Now()
+	for _, c := range chain {
+		u := usageRule{Per: c.Per, Source: c.Source}
+		if c.Bucket != nil {
+			st := states[0]
+			states = states[1:]
+			reset, secs := now.Add(st.Reset).UTC().Truncate(time.Millisecond), st.Reset.Seconds()
+			u.Rule, u.Kind, u.Remaining, u.Reset, u.ResetSeconds = c.Bucket.Name, "bucket", st.Remaining, &reset, &secs
+			// Rounded to a millionth: a rate per second back to per minute
+			// is not exact in binary.
+			u.Limit = config.Limits{TokensPerMinute: math.Round(st.Limit.Rate*60*1e6) / 1e6, Burst: st.Limit.Capacity}
+		} else {
+			n := held[0]
+			held = held[1:]
+			u.Rule, u.Kind, u.Remaining, u.InUse = c.Slot.Name, "concurrency", float64(max(c.Slot.Max-n, 0)), &n
+			u.Limit = config.Limits{Max: c.Slot.Max}
+		}
+		rep.Rules = append(rep.Rules, u)
+	}
+	writeJSON(w, http.StatusOK, rep)
+}

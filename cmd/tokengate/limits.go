@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/extproc"
+)
+
+// overridePoll is how often a gateway reads the override store's version:
+// a change made on any gateway of the fleet applies on every other within
+// this, plus the time to load the overrides.
+const overridePoll = 250 * time.Millisecond
+
+// overrideStore keeps limit overrides: buckets.MemoryOverrides for one
+// gateway, the Redis store's for a fleet.
+type overrideStore interface {
+	Put(ctx context.Context, k buckets.OverrideKey, value []byte) (string, error)
+	Get(ctx context.Context, k buckets.OverrideKey) ([]byte, bool, error)
+	Delete(ctx context.Context, k buckets.OverrideKey) (bool, string, error)
+	Version(ctx context.Context) (string, error)
+	Load(ctx context.Context) (buckets.OverrideSet, error)
+}
+
+// liveLimits keeps the server's per-identity overrides in step with the
+// configuration file's overrides and the store's: it merges the two (the
+// store's win) into one immutable table that the server swaps in whole, so
+// a request looks its limits up in memory, never in the store. It is safe
+// for concurrent use.
+type liveLimits struct {
+	store  overrideStore
+	server *extproc.Server
+	logger *slog.Logger
+	count  *prometheus.GaugeVec // overrides in force, by source
+	errs   prometheus.Counter   // failed reads of the store
+
+	// syncMu orders syncs (the poll's and the admin API's), so that an
+	// older read is never applied after a newer one.
+	syncMu sync.Mutex
+	mu     sync.Mutex
+	cfg    *config.Config
+	stored buckets.OverrideSet
+	loaded bool
+}
+
+func newLiveLimits(store overrideStore, server *extproc.Server, cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer) *liveLimits {
+	l := &liveLimits{store: store, server: server, cfg: cfg, logger: logger,
+		count: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tokengate_limit_overrides",
+			Help: "Per-identity limit overrides in force, by where they come from: file (the configuration) or store (the admin API).",
+		}, []string{"source"}),
+		errs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokengate_limit_overrides_read_errors_total",
+			Help: "Failed reads of the override store; the overrides last read stay in force.",
+		}),
+	}
+	reg.MustRegister(l.count, l.errs)
+	l.mu.Lock()
+	l.applyLocked()
+	l.mu.Unlock()
+	return l
+}
+
+// setConfig applies a reloaded configuration's overrides, and checks the
+// stored ones against its policies again.
+func (l *liveLimits) setConfig(cfg *config.Config) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cfg = cfg
+	l.applyLocked()
+}
+
+// sync reads the store's version and, when it changed, its overrides, and
+// applies them.
+func (l *liveLimits) sync(ctx context.Context) error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	v, err := l.store.Version(ctx)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	same := l.loaded && v == l.stored.Version
+	l.mu.Unlock()
+	if same {
+		return nil
+	}
+	set, err := l.store.Load(ctx)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stored, l.loaded = set, true
+	l.applyLocked()
+	return nil
+}
+
+// run syncs every interval until ctx ends. A failed read keeps the
+// overrides in force; it is logged once until reads succeed again.
+func (l *liveLimits) run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := l.sync(sctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case err != nil:
+			l.errs.Inc()
+			if !failing {
+				l.logger.Warn("limit overrides not read from the store; those last read stay in force", "err", err)
+			}
+			failing = true
+		case failing:
+			l.logger.Info("limit overrides read from the store again")
+			failing = false
+		}
+	}
+}
+
+// applyLocked builds the table of overrides in force and gives it to the
+// server. A stored override that the configuration no longer allows (its
+// rule was removed or changed kind) is left out and logged.
+func (l *liveLimits) applyLocked() {
+	table := extproc.Overrides{}
+	file := 0
+	for _, p := range l.cfg.Policies {
+		for _, o := range p.Overrides {
+			t, err := l.cfg.OverrideTarget(p.Name, o.Rule)
+			if err != nil {
+				continue // a loaded configuration has none such
+			}
+			id := o.IdentityKey
+			if id == "" {
+				id = identityKey(t, o.Identity)
+			}
+			table[extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}] = override(o.Limits)
+			file++
+		}
+	}
+	stored := 0
+	for k, raw := range l.stored.Values {
+		lim, err := config.DecodeLimits(raw)
+		if err == nil {
+			err = l.cfg.CheckOverride(k.Policy, k.Rule, lim)
+		}
+		if err != nil {
+			l.logger.Warn("a stored limit override does not fit the configuration and is not applied; remove it with tokengate limits rm",
+				"policy", k.Policy, "rule", k.Rule, "err", err)
+			continue
+		}
+		table[extproc.OverrideKey(k)] = override(lim)
+		stored++
+	}
+	l.server.SetOverrides(table)
+	l.count.WithLabelValues("file").Set(float64(file))
+	l.count.WithLabelValues("store").Set(float64(stored))
+}
+
+// identityKey is the form an identity value given by an operator takes in
+// store keys: exactly the form requests' values take (extproc).
+func identityKey(t config.OverrideTarget, value string) string {
+	if t.Per == "model" {
+		return extproc.ModelKey(value)
+	}
+	return extproc.IdentityKey(value, t.Hash)
+}
+
+// override maps validated limits onto the server's terms.
+func override(l config.Limits) extproc.Override {
+	return extproc.Override{Limit: l.Limit(), Max: l.Max}
+}
+
+// tiers maps a policy's tier source and tiers onto the server's terms.
+func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override) {
+	if cp.Tier == nil {
+		return nil, nil
+	}
+	src := &extproc.Identity{Name: "tier", Header: cp.Tier.Header, Metadata: cp.Tier.Metadata, Path: cp.Tier.Path}
+	out := make(map[string]map[string]extproc.Override, len(cp.Tiers))
+	for _, t := range cp.Tiers {
+		rules := make(map[string]extproc.Override, len(t.Limits))
+		for _, rl := range t.Limits {
+			rules[rl.Rule] = override(rl.Limits)
+		}
+		out[t.Name] = rules
+	}
+	return src, out
+}

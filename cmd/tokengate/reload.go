@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokengate/tokengate/config"
+)
+
+// reloadPoll is how often serve looks at its configuration file's size and
+// modification time. Polling a stat needs no dependency and follows a file
+// replaced by a rename or a Kubernetes ConfigMap's symlink swap, which
+// watching the file's inode would miss.
+const reloadPoll = 500 * time.Millisecond
+
+// reloadSource is where serve's configuration came from, so it can be read
+// again: the file, and the flags that replace its listeners.
+type reloadSource struct {
+	path        string // "" on the embedded defaults
+	grpc, admin string
+	stamp       fileStamp // the file as it was when serve read it
+	hup         <-chan os.Signal
+}
+
+// fileStamp is what tells a changed file: its size and modification time.
+type fileStamp struct {
+	mod  time.Time
+	size int64
+	ok   bool // the file could be read
+}
+
+func stampOf(path string) fileStamp {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}
+	}
+	return fileStamp{mod: fi.ModTime(), size: fi.Size(), ok: true}
+}
+
+// reloader applies a changed configuration file, on SIGHUP or when the
+// file changes: a valid one whose changes need no restart replaces the
+// policies (with their tiers and overrides) for new requests; anything else
+// is refused, logged and counted, and the configuration in force stays.
+// Bucket levels carry over: they live in the store under keys that do not
+// depend on limits.
+type reloader struct {
+	src    *reloadSource
+	parts  *parts
+	logger *slog.Logger
+	total  *prometheus.CounterVec
+}
+
+// Results of a reload, the values of tokengate_config_reload_total's label.
+const (
+	reloadApplied         = "applied"
+	reloadInvalid         = "invalid"
+	reloadRestartRequired = "restart_required"
+)
+
+func newReloader(src *reloadSource, p *parts, logger *slog.Logger) *reloader {
+	r := &reloader{src: src, parts: p, logger: logger,
+		total: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokengate_config_reload_total",
+			Help: "Configuration reloads (SIGHUP or a changed file) by result: applied, invalid (refused: the file has problems) or restart_required (refused: it changes what only a restart applies).",
+		}, []string{"result"}),
+	}
+	for _, res := range []string{reloadApplied, reloadInvalid, reloadRestartRequired} {
+		r.total.WithLabelValues(res)
+	}
+	p.registry.MustRegister(r.total)
+	return r
+}
+
+// run reloads on SIGHUP and when the file changes, until ctx ends.
+func (r *reloader) run(ctx context.Context) {
+	t := time.NewTicker(reloadPoll)
+	defer t.Stop()
+	stamp := r.src.stamp
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.src.hup:
+			r.reload("sighup")
+		case <-t.C:
+			if r.src.path == "" {
+				continue
+			}
+			if s := stampOf(r.src.path); s != stamp {
+				stamp = s
+				if s.ok { // a file being replaced may be missing for a moment
+					r.reload("file")
+				}
+			}
+		}
+	}
+}
+
+// reload reads the file again and applies it if it is valid and needs no
+// restart.
+func (r *reloader) reload(trigger string) {
+	if r.src.path == "" {
+		r.logger.Warn("nothing to reload: serve runs on the embedded defaults (no --config)", "trigger", trigger)
+		return
+	}
+	log := r.logger.With("trigger", trigger, "config", r.src.path)
+	cfg, err := config.Load(r.src.path)
+	if err == nil {
+		cfg, err = cfg.WithListeners(r.src.grpc, r.src.admin)
+	}
+	if err != nil {
+		r.total.WithLabelValues(reloadInvalid).Inc()
+		log.Error("configuration not reloaded: it is invalid; the configuration in force keeps serving", "err", err.Error())
+		return
+	}
+	if keys := r.parts.cfg.Load().NeedsRestart(cfg); len(keys) > 0 {
+		r.total.WithLabelValues(reloadRestartRequired).Inc()
+		log.Error("configuration not reloaded: it changes keys that only a restart applies (a reload applies policies and default_policy); the configuration in force keeps serving",
+			"keys", keys)
+		return
+	}
+	if err := r.parts.apply(cfg); err != nil {
+		r.total.WithLabelValues(reloadInvalid).Inc()
+		log.Error("configuration not reloaded; the configuration in force keeps serving", "err", err.Error())
+		return
+	}
+	r.total.WithLabelValues(reloadApplied).Inc()
+	log.Info("configuration reloaded: new requests follow it", "policies", len(cfg.Policies), "default_policy", cfg.DefaultPolicy)
+}

@@ -1,0 +1,384 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+// Limits are values that replace a rule's own for one identity (an
+// override) or for the requests of one tier. Each field applies to the rule
+// of that name that takes it: tokens_per_minute and burst to a bucket (they
+// replace its whole limit, as a bucket's own tokens_per_minute and burst
+// do), max to a concurrency limit. A zero field is unset: the rule keeps
+// its own value for it. Limits are plain data; their JSON form (the admin
+// API's) has the same keys as their YAML form, and DecodeLimits reads it.
+type Limits struct {
+	TokensPerMinute float64 `yaml:"tokens_per_minute" json:"tokens_per_minute,omitempty"`
+	Burst           float64 `yaml:"burst" json:"burst,omitempty"`
+	Max             int     `yaml:"max" json:"max,omitempty"`
+}
+
+// SetsBucket reports whether l sets a bucket's limit.
+func (l Limits) SetsBucket() bool { return l.TokensPerMinute != 0 || l.Burst != 0 }
+
+// Limit is the bucket limit l sets, in the store's terms (S1); the zero
+// Limit when l sets none.
+func (l Limits) Limit() buckets.Limit {
+	if !l.SetsBucket() {
+		return buckets.Limit{}
+	}
+	return buckets.PerMinute(l.TokensPerMinute, l.Burst)
+}
+
+// Override gives one identity limits of its own under one rule name of its
+// policy: the identity whose value the rule's buckets and concurrency
+// limits are keyed by (their per), or the model for a per-model rule.
+type Override struct {
+	Rule string `yaml:"rule"`
+	// Identity is the value as requests carry it (a bearer prefix is
+	// dropped). For an identity with hash: true, tokengate hashes it as it
+	// hashes requests' values; the file then holds the raw value, so prefer
+	// IdentityKey there.
+	Identity string `yaml:"identity"`
+	// IdentityKey is, for a hashed identity, its hashed form as `tokengate
+	// limits get` prints it ("h." and 32 hex digits). Set exactly one of
+	// Identity and IdentityKey.
+	IdentityKey string `yaml:"identity_key"`
+	Limits      `yaml:",inline"`
+}
+
+// TierSource says where a request's tier is found, as an identity is found
+// (S9a): a request header set by an auth filter, or a dotted path in a
+// namespace of Envoy's forwarded dynamic metadata (a JWT claim). Exactly
+// one of Header and Metadata is set.
+type TierSource struct {
+	Header   string `yaml:"header"`
+	Metadata string `yaml:"metadata"`
+	Path     string `yaml:"path"`
+}
+
+// Tier is a named set of limits: requests whose tier value is Name get
+// them. A request without a tier, or with a value no tier names, gets the
+// rules' own limits; an identity's override beats its tier.
+type Tier struct {
+	Name   string       `yaml:"name"`
+	Limits []RuleLimits `yaml:"limits"`
+}
+
+// RuleLimits are the limits a tier gives one rule name.
+type RuleLimits struct {
+	Rule   string `yaml:"rule"`
+	Limits `yaml:",inline"`
+}
+
+// AdminAPI configures the admin API that listeners.admin serves besides
+// /metrics and the health endpoints: /v1/limits and /v1/usage.
+type AdminAPI struct {
+	// TokenEnv names the environment variable holding the bearer token the
+	// admin API requires. Empty disables the admin API.
+	TokenEnv string `yaml:"token_env"`
+}
+
+// ErrUnknownTarget is the error of an override whose policy or rule the
+// configuration does not define.
+var ErrUnknownTarget = errors.New("no such policy or rule")
+
+// OverrideTarget is what overrides of one rule name of a policy are keyed
+// by.
+type OverrideTarget struct {
+	// Per is the identity whose values key the rule, or "model".
+	Per string
+	// Hash is true when that identity has hash: true: its values are
+	// stored, and keyed, as digests only.
+	Hash bool
+}
+
+// OverrideTarget says what overrides of rule in policy are keyed by. The
+// error wraps ErrUnknownTarget when the policy or rule is not defined, and
+// says why otherwise (a global rule, the provider's bucket).
+func (c *Config) OverrideTarget(policy, rule string) (OverrideTarget, error) {
+	p, ok := c.Policy(policy)
+	if !ok {
+		return OverrideTarget{}, fmt.Errorf("%w: policy %q is not defined", ErrUnknownTarget, policy)
+	}
+	return overrideTarget(&p, rule)
+}
+
+// CheckOverride is the rule every override's limits follow, wherever they
+// come from: the configuration file's overrides and tiers, and the admin
+// API's PUT bodies. The error wraps ErrUnknownTarget when policy or rule is
+// not defined; otherwise it is Problems naming each field of l that cannot
+// apply.
+func (c *Config) CheckOverride(policy, rule string, l Limits) error {
+	p, ok := c.Policy(policy)
+	if !ok {
+		return fmt.Errorf("%w: policy %q is not defined", ErrUnknownTarget, policy)
+	}
+	if _, err := overrideTarget(&p, rule); err != nil {
+		return err
+	}
+	v := &validator{file: "limits", lines: map[string]int{}}
+	v.validateLimits("", &p, rule, l, false)
+	if len(v.problems) > 0 {
+		return v.problems
+	}
+	return nil
+}
+
+// maxLimitsBytes bounds the JSON form of Limits that DecodeLimits reads.
+const maxLimitsBytes = 4 << 10
+
+// DecodeLimits reads Limits from their JSON form (the admin API's PUT
+// body) as strictly as the file is read: an unknown key, a value of the
+// wrong type or anything after the object is a problem naming the field.
+func DecodeLimits(data []byte) (Limits, error) {
+	const file = "request body"
+	if len(data) > maxLimitsBytes {
+		return Limits{}, Problems{{File: file, Msg: fmt.Sprintf("is %d bytes; limits take at most %d", len(data), maxLimitsBytes)}}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var l Limits
+	err := dec.Decode(&l)
+	if err == nil {
+		if _, extra := dec.Token(); extra != io.EOF {
+			return Limits{}, Problems{{File: file, Msg: "holds more than one JSON object"}}
+		}
+		return l, nil
+	}
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field == "":
+		return Limits{}, Problems{{File: file, Msg: "is not a JSON object: got a JSON " + te.Value}}
+	case errors.As(err, &te):
+		return Limits{}, Problems{{File: file, Field: te.Field, Msg: fmt.Sprintf("want %s, got a JSON %s", want(fieldType(te.Field)), te.Value)}}
+	case errors.As(err, &se), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return Limits{}, Problems{{File: file, Msg: "is not a JSON object: " + err.Error()}}
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return Limits{}, Problems{{File: file, Field: strings.Trim(name, `"`),
+			Msg: fmt.Sprintf("unknown key %s (known: %s)", name, knownKeys(yamlFields(limitsType)))}}
+	}
+	return Limits{}, Problems{{File: file, Msg: err.Error()}}
+}
+
+var limitsType = reflect.TypeOf(Limits{})
+
+func fieldType(name string) reflect.Type {
+	if t, ok := yamlFields(limitsType)[name]; ok {
+		return t
+	}
+	return reflect.TypeOf("")
+}
+
+// hashedKeyRE is the hashed form of an identity value in store keys.
+var hashedKeyRE = regexp.MustCompile(`^h\.[0-9a-f]{32}$`)
+
+// ValidIdentityKey reports whether s is an identity value in its hashed
+// form, as store keys and `tokengate limits get` show it.
+func ValidIdentityKey(s string) bool { return hashedKeyRE.MatchString(s) }
+
+func (p *Policy) bucket(name string) *Bucket {
+	if i := slices.IndexFunc(p.Buckets, func(b Bucket) bool { return b.Name == name }); i >= 0 {
+		return &p.Buckets[i]
+	}
+	return nil
+}
+
+func (p *Policy) concurrency(name string) *Concurrency {
+	if i := slices.IndexFunc(p.Concurrency, func(c Concurrency) bool { return c.Name == name }); i >= 0 {
+		return &p.Concurrency[i]
+	}
+	return nil
+}
+
+// overrideTarget finds what overrides of rule are keyed by, or says why
+// the rule has none.
+func overrideTarget(p *Policy, rule string) (OverrideTarget, error) {
+	b, c := p.bucket(rule), p.concurrency(rule)
+	var per string
+	switch {
+	case b == nil && c == nil:
+		return OverrideTarget{}, fmt.Errorf("%w: policy %q has no bucket or concurrency limit named %q", ErrUnknownTarget, p.Name, rule)
+	case b != nil && b.ProviderLimit != nil:
+		return OverrideTarget{}, fmt.Errorf("bucket %q stands for the provider account, which every identity shares; it has no limits per identity", rule)
+	case b != nil && c != nil && b.Per != c.Per:
+		return OverrideTarget{}, fmt.Errorf("bucket %q is per %q and the concurrency limit of that name per %q: an override would key them by different identities (give them different names)", rule, b.Per, c.Per)
+	case b != nil:
+		per = b.Per
+	default:
+		per = c.Per
+	}
+	if per == "" {
+		return OverrideTarget{}, fmt.Errorf("%q is global (one limit for every request): change its limit in the configuration file", rule)
+	}
+	t := OverrideTarget{Per: per}
+	for _, id := range p.Identities {
+		if id.Name == per {
+			t.Hash = id.Hash
+		}
+	}
+	return t, nil
+}
+
+// validateLimits checks limits l given to rule of policy p, by an override
+// or (tier) by a tier; path is where l sits ("" for the admin API). The
+// rule itself was found by overrideTarget.
+func (v *validator) validateLimits(path string, p *Policy, rule string, l Limits, tier bool) {
+	b, c := p.bucket(rule), p.concurrency(rule)
+	if !l.SetsBucket() && l.Max == 0 {
+		var want []string
+		if b != nil {
+			want = append(want, fmt.Sprintf("tokens_per_minute (and burst) for bucket %q", rule))
+		}
+		if c != nil {
+			want = append(want, fmt.Sprintf("max for concurrency limit %q", rule))
+		}
+		v.add(path, "sets no limit: give %s", strings.Join(want, ", or "))
+		return
+	}
+	if tier {
+		if (b != nil && b.Per == perModel) || (c != nil && c.Per == perModel) {
+			v.add(join(path, "rule"), "%q is per model, which every identity shares: a tier cannot change it", rule)
+			return
+		}
+	}
+	if l.SetsBucket() {
+		switch {
+		case b == nil:
+			v.add(join(path, "tokens_per_minute"), "%q is a concurrency limit of policy %q, not a bucket: set max", rule, p.Name)
+		case l.TokensPerMinute == 0:
+			v.add(join(path, "tokens_per_minute"), "is required with burst: the override replaces bucket %q's whole limit", rule)
+		case v.validateRate(path, l.TokensPerMinute, l.Burst):
+			nb := buckets.Bucket{Name: rule, Key: placeholderKey, Limit: l.Limit(), Hard: b.Hard, MaxDebt: b.MaxDebt}
+			if err := nb.Validate(); err != nil {
+				v.add(path, "the limit these values give is unusable: %v", err)
+			}
+		}
+	}
+	if l.Max != 0 {
+		switch {
+		case c == nil:
+			v.add(join(path, "max"), "%q is a bucket of policy %q, not a concurrency limit: set tokens_per_minute and burst", rule, p.Name)
+		case l.Max < 1:
+			v.add(join(path, "max"), "must be at least 1, got %d", l.Max)
+		}
+	}
+}
+
+const perModel = "model"
+
+// validateTiers checks a policy's tier source and its tiers.
+func (v *validator) validateTiers(path string, p *Policy) {
+	tp := join(path, "tier")
+	switch t := p.Tier; {
+	case t != nil:
+		if (t.Header == "") == (t.Metadata == "") {
+			v.add(tp, "needs exactly one of header or metadata")
+		}
+		if t.Metadata != "" && t.Path == "" {
+			v.add(join(tp, "path"), "is required with metadata (the key inside the namespace, e.g. payload.tier)")
+		}
+		if t.Header != "" && t.Metadata == "" && t.Path != "" {
+			v.add(join(tp, "path"), "only applies with metadata")
+		}
+		if t.Header != strings.ToLower(t.Header) {
+			v.add(join(tp, "header"), "%q must be lower-case (Envoy sends header names in lower case)", t.Header)
+		}
+		if len(p.Tiers) == 0 {
+			v.add(tp, "is set but the policy defines no tiers")
+		}
+	case len(p.Tiers) > 0:
+		v.add(join(path, "tiers"), "need tier: where a request's tier is found (a header or a claim)")
+	}
+	names := map[string]int{}
+	for i, t := range p.Tiers {
+		ip := fmt.Sprintf("%s.tiers[%d]", path, i)
+		switch j, dup := names[t.Name]; {
+		case t.Name == "":
+			v.add(join(ip, "name"), "is required (the tier value requests carry)")
+		case strings.TrimSpace(t.Name) != t.Name:
+			v.add(join(ip, "name"), "%q has spaces around it, which a request's value never has", t.Name)
+		case dup:
+			v.add(join(ip, "name"), "tier %q is already defined at tiers[%d]", t.Name, j)
+		default:
+			names[t.Name] = i
+		}
+		if len(t.Limits) == 0 {
+			v.add(join(ip, "limits"), "at least one rule's limits are required")
+		}
+		rules := map[string]bool{}
+		for j, rl := range t.Limits {
+			lp := fmt.Sprintf("%s.limits[%d]", ip, j)
+			if !v.overridable(lp, p, rl.Rule) {
+				continue
+			}
+			if rules[rl.Rule] {
+				v.add(join(lp, "rule"), "%q has limits twice in this tier", rl.Rule)
+			}
+			rules[rl.Rule] = true
+			v.validateLimits(lp, p, rl.Rule, rl.Limits, true)
+		}
+	}
+}
+
+// validateOverrides checks a policy's overrides.
+func (v *validator) validateOverrides(path string, p *Policy) {
+	seen := map[[3]string]int{}
+	for i, o := range p.Overrides {
+		op := fmt.Sprintf("%s.overrides[%d]", path, i)
+		if !v.overridable(op, p, o.Rule) {
+			continue
+		}
+		t, _ := overrideTarget(p, o.Rule) // overridable found no error
+		switch {
+		case (o.Identity == "") == (o.IdentityKey == ""):
+			v.add(op, "needs exactly one of identity (the value requests carry) or identity_key (its hashed form)")
+		case o.IdentityKey != "" && !t.Hash:
+			v.add(join(op, "identity_key"), "only applies to a hashed identity (hash: true); %q is keyed by %q: use identity", o.Rule, t.Per)
+		case o.IdentityKey != "" && !ValidIdentityKey(o.IdentityKey):
+			v.add(join(op, "identity_key"), "%q is not a hashed identity: want h. and 32 hex digits, as tokengate limits get prints it", o.IdentityKey)
+		case o.Identity != "" && strings.TrimSpace(o.Identity) == "":
+			v.add(join(op, "identity"), "is blank")
+		}
+		k := [3]string{o.Rule, o.Identity, o.IdentityKey}
+		if j, dup := seen[k]; dup {
+			v.add(op, "overrides %q for the same identity as overrides[%d]", o.Rule, j)
+		}
+		seen[k] = i
+		v.validateLimits(op, p, o.Rule, o.Limits, false)
+	}
+}
+
+// overridable reports whether rule may have overrides and tier limits,
+// and says why not at path.
+func (v *validator) overridable(path string, p *Policy, rule string) bool {
+	if rule == "" {
+		v.add(join(path, "rule"), "is required (the name of a bucket or concurrency limit of this policy)")
+		return false
+	}
+	if _, err := overrideTarget(p, rule); err != nil {
+		v.add(join(path, "rule"), "%s", strings.TrimPrefix(err.Error(), ErrUnknownTarget.Error()+": "))
+		return false
+	}
+	return true
+}
+
+// envNameRE is an environment variable name.
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func (v *validator) validateAdminAPI(a *AdminAPI) {
+	if a.TokenEnv != "" && !envNameRE.MatchString(a.TokenEnv) {
+		v.add("admin_api.token_env", "%q is not an environment variable name (letters, digits and '_', not starting with a digit)", a.TokenEnv)
+	}
+}

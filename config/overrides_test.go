@@ -1,0 +1,190 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+const overridesYAML = `
+policies:
+  - name: p
+    identities:
+      - {name: key, header: authorization, hash: true}
+      - {name: team, header: x-team}
+    buckets:
+      - {name: key, per: key, tokens_per_minute: 6000}
+      - {name: team, per: team, tokens_per_minute: 60000, hard: true}
+      - {name: model, per: model, tokens_per_minute: 100000}
+      - {name: global, tokens_per_minute: 600000}
+    concurrency:
+      - {name: key, per: key, max: 4}
+      - {name: team-slots, per: team, max: 10}
+    tier: {header: x-tier}
+    tiers:
+      - name: gold
+        limits: [{rule: team, tokens_per_minute: 120000}]
+    overrides:
+      - {rule: team, identity: acme, tokens_per_minute: 2000000, burst: 500000}
+`
+
+func TestOverridesParse(t *testing.T) {
+	c, err := Parse("o.yaml", []byte(overridesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := c.Policy("p")
+	want := []Override{{Rule: "team", Identity: "acme", Limits: Limits{TokensPerMinute: 2000000, Burst: 500000}}}
+	if d := cmp.Diff(want, p.Overrides); d != "" {
+		t.Errorf("overrides (-want +got):\n%s", d)
+	}
+	if got := p.Overrides[0].Limit(); got != (buckets.Limit{Capacity: 500000, Rate: 2000000.0 / 60}) {
+		t.Errorf("limit %+v", got)
+	}
+	if d := cmp.Diff([]Tier{{Name: "gold", Limits: []RuleLimits{{Rule: "team", Limits: Limits{TokensPerMinute: 120000}}}}}, p.Tiers); d != "" {
+		t.Errorf("tiers (-want +got):\n%s", d)
+	}
+}
+
+// CheckOverride is the rule for the admin API's bodies: the same problems
+// as the file's overrides, without a file position.
+func TestCheckOverride(t *testing.T) {
+	c, err := Parse("o.yaml", []byte(overridesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		policy, rule string
+		l            Limits
+		unknown      bool
+		want         string // "" for none
+	}{
+		{"p", "team", Limits{TokensPerMinute: 1000}, false, ""},
+		{"p", "key", Limits{TokensPerMinute: 1000, Max: 2}, false, ""},
+		{"p", "model", Limits{TokensPerMinute: 1000}, false, ""},
+		{"p", "team-slots", Limits{Max: 64}, false, ""},
+		{"q", "team", Limits{TokensPerMinute: 1}, true, `policy "q" is not defined`},
+		{"p", "nope", Limits{TokensPerMinute: 1}, true, `policy "p" has no bucket or concurrency limit named "nope"`},
+		{"p", "global", Limits{TokensPerMinute: 1}, false, `"global" is global`},
+		{"p", "team", Limits{}, false, `sets no limit: give tokens_per_minute (and burst) for bucket "team"`},
+		{"p", "team", Limits{Burst: 10}, false, "tokens_per_minute: is required with burst"},
+		{"p", "team", Limits{Max: 3}, false, `max: "team" is a bucket of policy "p", not a concurrency limit`},
+		{"p", "team-slots", Limits{TokensPerMinute: 3}, false, `tokens_per_minute: "team-slots" is a concurrency limit of policy "p", not a bucket: set max`},
+		{"p", "team-slots", Limits{Max: -1}, false, "max: must be at least 1, got -1"},
+		{"p", "team", Limits{TokensPerMinute: 100, Burst: -1}, false, "burst: must be positive"},
+		{"p", "team", Limits{TokensPerMinute: 5e-324}, false, "the limit these values give is unusable"},
+	} {
+		err := c.CheckOverride(tt.policy, tt.rule, tt.l)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%s/%s %+v: %v", tt.policy, tt.rule, tt.l, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%s/%s %+v: %v, want %q", tt.policy, tt.rule, tt.l, err, tt.want)
+		case errors.Is(err, ErrUnknownTarget) != tt.unknown:
+			t.Errorf("%s/%s: errors.Is(ErrUnknownTarget) = %v", tt.policy, tt.rule, !tt.unknown)
+		}
+	}
+	for rule, want := range map[string]OverrideTarget{"key": {Per: "key", Hash: true}, "team": {Per: "team"}, "model": {Per: "model"}} {
+		if got, err := c.OverrideTarget("p", rule); err != nil || got != want {
+			t.Errorf("OverrideTarget(%s) = %+v, %v; want %+v", rule, got, err, want)
+		}
+	}
+}
+
+func TestDecodeLimits(t *testing.T) {
+	for _, tt := range []struct {
+		body string
+		want Limits
+		err  string
+	}{
+		{`{"tokens_per_minute": 2000000, "burst": 100}`, Limits{TokensPerMinute: 2000000, Burst: 100}, ""},
+		{`{"max": 8}`, Limits{Max: 8}, ""},
+		{`{"tpm": 8}`, Limits{}, `request body: tpm: unknown key "tpm" (known: burst, max, tokens_per_minute)`},
+		{`{"max": 1.5}`, Limits{}, "request body: max: want a whole number, got a JSON number"},
+		{`{"tokens_per_minute": "lots"}`, Limits{}, "request body: tokens_per_minute: want a number, got a JSON string"},
+		{`{"max": 8} {"max": 9}`, Limits{}, "request body: holds more than one JSON object"},
+		{`{"max": 8`, Limits{}, "request body: is not a JSON object"},
+		{``, Limits{}, "request body: is not a JSON object"},
+		{`[1]`, Limits{}, "request body: is not a JSON object: got a JSON array"},
+		{strings.Repeat(" ", 5000), Limits{}, "request body: is 5000 bytes; limits take at most 4096"},
+	} {
+		got, err := DecodeLimits([]byte(tt.body))
+		if tt.err == "" {
+			if err != nil || got != tt.want {
+				t.Errorf("%s: %+v, %v; want %+v", tt.body, got, err, tt.want)
+			}
+			continue
+		}
+		var ps Problems
+		if !errors.As(err, &ps) || !strings.Contains(err.Error(), tt.err) {
+			t.Errorf("%.40s: error %v, want Problems containing %q", tt.body, err, tt.err)
+		}
+	}
+}
+
+// The JSON keys of Limits are its YAML keys: the admin API and the file
+// speak the same words.
+func TestLimitsKeysAgree(t *testing.T) {
+	typ := reflect.TypeOf(Limits{})
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		y, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		j, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if y != j {
+			t.Errorf("Limits.%s: yaml %q, json %q", f.Name, y, j)
+		}
+	}
+}
+
+func TestNeedsRestart(t *testing.T) {
+	old, err := Parse("a.yaml", []byte(overridesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, err := Parse("b.yaml", []byte(strings.Replace(overridesYAML, "tokens_per_minute: 6000}", "tokens_per_minute: 7000}", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := old.NeedsRestart(same); len(got) != 0 {
+		t.Errorf("a policy change needs a restart of %v", got)
+	}
+	moved, err := Parse("c.yaml", []byte("listeners: {admin: 127.0.0.1:9999}\nstore: {type: memory, on_failure: closed}\nadmin_api: {token_env: T}\n"+overridesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{"listeners", "admin_api"}, old.NeedsRestart(moved)); d != "" {
+		t.Errorf("NeedsRestart (-want +got):\n%s", d)
+	}
+}
+
+// DecodeLimits never panics, answers either limits or problems, and what
+// it accepts survives a round trip through its JSON form.
+func FuzzDecodeLimits(f *testing.F) {
+	for _, s := range []string{`{"tokens_per_minute":2000000,"burst":100}`, `{"max":8}`, `{}`, `{"max":1.5}`, `[1]`, `{"tpm":1}`, `{"max":8} {"max":9}`, `{"burst":1e400}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l, err := DecodeLimits(data)
+		if err != nil {
+			var ps Problems
+			if !errors.As(err, &ps) || len(ps) == 0 || ps.Error() == "" {
+				t.Fatalf("error %v is not Problems", err)
+			}
+			return
+		}
+		round, err := json.Marshal(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := DecodeLimits(round)
+		if err != nil || again != l {
+			t.Fatalf("%s → %+v → %s → %+v, %v", data, l, round, again, err)
+		}
+	})
+}

@@ -1,0 +1,30 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+)
+
+// NeedsRestart lists the top-level keys whose values differ between c and
+// n other than policies and default_policy: a running tokengate reloads
+// those two (their tiers and overrides included) and nothing else.
+// Listeners, the store, the tokenizer, the admin API, the metadata keys
+// and the shutdown grace are fixed when it starts: their sockets,
+// connections, counter and Envoy's side are built from them once.
+func (c *Config) NeedsRestart(n *Config) []string {
+	a, b := *c, *n
+	a.Policies, b.Policies = nil, nil
+	a.DefaultPolicy, b.DefaultPolicy = "", ""
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	var keys []string
+	for i := range va.NumField() {
+		if !va.Type().Field(i).IsExported() {
+			continue // derived from the exported fields (the price table)
+		}
+		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
+			name, _, _ := strings.Cut(va.Type().Field(i).Tag.Get("yaml"), ",")
+			keys = append(keys, name)
+		}
+	}
+	return keys
+}

@@ -1,0 +1,158 @@
+package extproc
+
+import (
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// How a request body reaches the decision, per request body mode (§2.2, §3):
+//
+//   - BUFFERED: one message holds the whole body; its answer carries the
+//     decision and, when the body is rewritten, the new body and its
+//     content-length.
+//   - STREAMED: each chunk is answered in turn and goes upstream as it is;
+//     the answer to the last chunk (or to the trailers) waits for the
+//     decision, so the upstream never sees the end of a refused request,
+//     which Envoy resets. Chunks already forwarded cannot be taken back, so
+//     the body is never rewritten.
+//   - FULL_DUPLEX_STREAMED: nothing is answered, not even the headers, until
+//     the body is complete, so the upstream is not contacted before the
+//     decision; then the headers answer and the body (rewritten or not) in
+//     streamed_response chunks of at most duplexChunk bytes.
+//
+// In every mode the body is gathered in one buffer bounded by MaxBodyBytes
+// and counted once, when it is complete.
+
+// duplexChunk is the largest body chunk sent back in FULL_DUPLEX_STREAMED
+// mode, as Envoy recommends (§2.2).
+const duplexChunk = 64 << 10
+
+func (p *processor) duplexRequest() bool {
+	return p.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+}
+
+// keepChunk adds a chunk of the request body. A body that comes in one
+// message is kept as it came. Otherwise the chunks are gathered in one
+// buffer of the size the request's content-length announced, or, without
+// one, a buffer that doubles as it fills, never beyond MaxBodyBytes: each
+// byte is copied at most twice, and the buffer outgrows the body at most
+// twofold. (A content-length is a claim: requestHeaders refuses one above
+// MaxBodyBytes, and a body longer than its claim still grows the buffer.)
+func (p *processor) keepChunk(chunk []byte, last bool) {
+	p.req.size += len(chunk)
+	switch {
+	case len(chunk) == 0:
+		return
+	case p.req.body == nil && last:
+		p.req.body = chunk // no copy
+		return
+	case cap(p.req.body)-len(p.req.body) < len(chunk):
+		n := len(p.req.body) + len(chunk)
+		size := max(n, min(2*cap(p.req.body), p.s.cfg.MaxBodyBytes))
+		if p.req.body == nil && p.req.sizeHint >= n {
+			size = p.req.sizeHint
+		}
+		grown := make([]byte, len(p.req.body), size)
+		copy(grown, p.req.body)
+		p.req.body = grown
+	}
+	p.req.body = append(p.req.body, chunk...)
+}
+
+// decideBody decides the request now that its body is complete.
+func (p *processor) decideBody(send sendFunc) error {
+	p.req.decided = true
+	return p.decide(p.reqMode != filterv3.ProcessingMode_STREAMED, send)
+}
+
+// requestTrailers answers the request's trailers. Trailers end a STREAMED
+// or FULL_DUPLEX_STREAMED body that has no end_of_stream message: the
+// decision comes first, and in duplex mode the trailers answer follows the
+// last body answer (§2.3).
+func (p *processor) requestTrailers(send sendFunc) error {
+	answer := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	if !p.req.decided && (p.reqMode == filterv3.ProcessingMode_STREAMED || p.duplexRequest()) {
+		p.req.trailers = true
+		if err := p.decideBody(send); err != nil || p.done {
+			return err
+		}
+		if !p.duplexRequest() && p.st.res != nil {
+			answer.DynamicMetadata = p.metadata(false) // the decision's, as forward would send it
+		}
+	}
+	return send(answer)
+}
+
+// decideUnended decides, at the response headers, a STREAMED body that
+// never ended: one that ends with trailers while request_trailer_mode is
+// SKIP has no end_of_stream message (§2.3), so it reaches the upstream
+// undecided. An upstream that accepted it (200) read all of it, and the
+// response headers are still held: a refusal replaces the upstream's answer
+// (§4), an admission meters the response as usual. An upstream that
+// answered otherwise before the body ended is not metered.
+func (p *processor) decideUnended(send sendFunc) error {
+	if p.req.decided || p.reqMode != filterv3.ProcessingMode_STREAMED || p.req.size == 0 || p.resp.status != 200 {
+		return nil
+	}
+	p.req.trailers = true // no body message awaits its answer
+	return p.decideBody(send)
+}
+
+// requestHeadersAnswer is the answer to the request headers: the upstream
+// answers in identity encoding (§9.9), which a cut-off can append to. In
+// duplex mode the body that follows may be rewritten, so the
+// content-length goes too (Envoy removes it anyway in that mode).
+func (p *processor) requestHeadersAnswer(md *structpb.Struct) *extprocv3.ProcessingResponse {
+	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{"accept-encoding"}}
+	if p.duplexRequest() {
+		mut.RemoveHeaders = append(mut.RemoveHeaders, "content-length")
+	}
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{HeaderMutation: mut},
+		}},
+		DynamicMetadata: md,
+	}
+}
+
+// forward lets an admitted or unmetered request on, with body instead of
+// the one received when the body was rewritten (non-nil): in BUFFERED and
+// STREAMED mode by answering the body message (or, when trailers ended the
+// body, by leaving the trailers answer to do so); in FULL_DUPLEX_STREAMED mode
+// by the withheld headers answer followed by the body, in chunks of at most
+// duplexChunk bytes, end_of_stream on the last unless trailers follow. The
+// request body is not kept afterwards.
+func (p *processor) forward(body []byte, md *structpb.Struct, send sendFunc) error {
+	defer func() { p.req.body = nil }()
+	switch {
+	case !p.duplexRequest() && p.req.trailers:
+		return nil // every body message is answered: the trailers answer lets the request on
+	case !p.duplexRequest():
+		return send(requestBodyResponse(body, md))
+	}
+	if body == nil {
+		body = p.req.body
+	}
+	if err := send(p.requestHeadersAnswer(md)); err != nil {
+		return err
+	}
+	sr := &extprocv3.StreamedBodyResponse{}
+	msg := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sr},
+		}},
+	}}}
+	for first := true; first || len(body) > 0; first = false {
+		n := min(len(body), duplexChunk)
+		sr.Body, sr.EndOfStream = body[:n], n == len(body) && !p.req.trailers
+		body = body[n:]
+		if n == 0 && !sr.EndOfStream {
+			break // an empty body ended by trailers: nothing to send
+		}
+		if err := send(msg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
