@@ -366,3 +366,16 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 	s.observe("inspect", start, err)
 	return st, q, err
 }
+
+// InUse implements buckets.Inspector; a wrapped store that cannot inspect
+// answers an error wrapping errors.ErrUnsupported.
+func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
+	in, ok := s.Store.(buckets.Inspector)
+	if !ok {
+		return nil, fmt.Errorf("metrics: in use: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	n, err := in.InUse(ctx, ss)
+	s.observe("inspect", start, err)
+	return n, err
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -145,11 +146,15 @@ func (l *liveLimits) applyLocked() {
 			if err != nil {
 				continue // a loaded configuration has none such
 			}
+			ov, err := override(o.Limits)
+			if err != nil {
+				continue // a loaded configuration has none such
+			}
 			id := o.IdentityKey
 			if id == "" {
 				id = identityKey(t, o.Identity)
 			}
-			table[extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}] = override(o.Limits)
+			table[extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}] = ov
 			file++
 		}
 	}
@@ -159,12 +164,16 @@ func (l *liveLimits) applyLocked() {
 		if err == nil {
 			err = l.cfg.CheckOverride(k.Policy, k.Rule, lim)
 		}
+		var ov extproc.Override
+		if err == nil {
+			ov, err = override(lim)
+		}
 		if err != nil {
 			l.logger.Warn("a stored limit override does not fit the configuration and is not applied; remove it with tokengate limits rm",
 				"policy", k.Policy, "rule", k.Rule, "err", err)
 			continue
 		}
-		table[extproc.OverrideKey(k)] = override(lim)
+		table[extproc.OverrideKey(k)] = ov
 		stored++
 	}
 	l.server.SetOverrides(table)
@@ -181,24 +190,33 @@ func identityKey(t config.OverrideTarget, value string) string {
 	return extproc.IdentityKey(value, t.Hash)
 }
 
-// override maps validated limits onto the server's terms.
-func override(l config.Limits) extproc.Override {
-	return extproc.Override{Limit: l.Limit(), Max: l.Max}
+// override maps validated limits onto the server's terms. The error says
+// why a cost is not an amount, which validated limits never have.
+func override(l config.Limits) (extproc.Override, error) {
+	tokens, money, err := l.Budgets()
+	if err != nil {
+		return extproc.Override{}, err
+	}
+	return extproc.Override{Limit: l.Limit(), Max: l.Max, Tokens: tokens, Money: money}, nil
 }
 
 // tiers maps a policy's tier source and tiers onto the server's terms.
-func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override) {
+func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override, error) {
 	if cp.Tier == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	src := &extproc.Identity{Name: "tier", Header: cp.Tier.Header, Metadata: cp.Tier.Metadata, Path: cp.Tier.Path}
 	out := make(map[string]map[string]extproc.Override, len(cp.Tiers))
 	for _, t := range cp.Tiers {
 		rules := make(map[string]extproc.Override, len(t.Limits))
 		for _, rl := range t.Limits {
-			rules[rl.Rule] = override(rl.Limits)
+			ov, err := override(rl.Limits)
+			if err != nil {
+				return nil, nil, fmt.Errorf("tier %q, rule %q: %w", t.Name, rl.Rule, err)
+			}
+			rules[rl.Rule] = ov
 		}
 		out[t.Name] = rules
 	}
-	return src, out
+	return src, out, nil
 }
