@@ -47,7 +47,7 @@ func (p *parts) buildLimits(ctx context.Context, cfg *config.Config, logger *slo
 	} else {
 		p.overrides = &buckets.MemoryOverrides{}
 	}
-	p.live = newLiveLimits(p.overrides, p.server, cfg, logger, p.registry)
+	p.live = newLiveLimits(p.overrides, p.server, cfg, logger, p.metrics)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := p.live.sync(sctx); err != nil {

@@ -7,11 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
+	"github.com/tokengate/tokengate/metrics"
 )
 
 // overridePoll is how often a gateway reads the override store's version:
@@ -38,8 +37,9 @@ type liveLimits struct {
 	store  overrideStore
 	server *extproc.Server
 	logger *slog.Logger
-	count  *prometheus.GaugeVec // overrides in force, by source
-	errs   prometheus.Counter   // failed reads of the store
+	// metrics counts the overrides in force and failed reads of the
+	// store.
+	metrics *metrics.Metrics
 
 	// syncMu orders syncs (the poll's and the admin API's), so that an
 	// older read is never applied after a newer one.
@@ -50,18 +50,8 @@ type liveLimits struct {
 	loaded bool
 }
 
-func newLiveLimits(store overrideStore, server *extproc.Server, cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer) *liveLimits {
-	l := &liveLimits{store: store, server: server, cfg: cfg, logger: logger,
-		count: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tokengate_limit_overrides",
-			Help: "Per-identity limit overrides in force, by where they come from: file (the configuration) or store (the admin API).",
-		}, []string{"source"}),
-		errs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tokengate_limit_overrides_read_errors_total",
-			Help: "Failed reads of the override store; the overrides last read stay in force.",
-		}),
-	}
-	reg.MustRegister(l.count, l.errs)
+func newLiveLimits(store overrideStore, server *extproc.Server, cfg *config.Config, logger *slog.Logger, m *metrics.Metrics) *liveLimits {
+	l := &liveLimits{store: store, server: server, cfg: cfg, logger: logger, metrics: m}
 	l.mu.Lock()
 	l.applyLocked()
 	l.mu.Unlock()
@@ -122,7 +112,7 @@ func (l *liveLimits) run(ctx context.Context, every time.Duration) {
 		case err != nil && ctx.Err() != nil:
 			return
 		case err != nil:
-			l.errs.Inc()
+			l.metrics.OverrideReadFailed()
 			if !failing {
 				l.logger.Warn("limit overrides not read from the store; those last read stay in force", "err", err)
 			}
@@ -177,8 +167,7 @@ func (l *liveLimits) applyLocked() {
 		stored++
 	}
 	l.server.SetOverrides(table)
-	l.count.WithLabelValues("file").Set(float64(file))
-	l.count.WithLabelValues("store").Set(float64(stored))
+	l.metrics.OverridesInForce(file, stored)
 }
 
 // identityKey is the form an identity value given by an operator takes in
