@@ -214,14 +214,16 @@ func (r *Reservation) ExtendQuota(q Quota, n float64) float64 {
 	return n
 }
 
-// Inspector is implemented by stores that can show the state of buckets
-// and quotas without changing them: what a usage page shows an identity.
-// Inspect returns one BucketState per bucket (Remaining and Reset as a
-// request would meet them now) and one QuotaState per quota (the window
-// that holds now and what was spent in it), in order. It writes nothing,
-// and slots are not inspected.
+// Inspector is implemented by stores that can show the state of buckets,
+// quotas and concurrency limits without changing them: what a usage page
+// shows an identity. Inspect returns one BucketState per bucket (Remaining
+// and Reset as a request would meet them now) and one QuotaState per quota
+// (the window that holds now and what was spent in it), in order. InUse
+// returns, per slot, how many of its leases are held now (neither released
+// nor expired). Neither writes anything.
 type Inspector interface {
 	Inspect(ctx context.Context, bs []Bucket, qs []Quota) ([]BucketState, []QuotaState, error)
+	InUse(ctx context.Context, ss []Slot) ([]int, error)
 }
 
 // ValidateInspect checks the buckets and quotas of an Inspect call.

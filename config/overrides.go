@@ -12,23 +12,73 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/pricing"
 )
 
 // Limits are values that replace a rule's own for one identity (an
 // override) or for the requests of one tier. Each field applies to the rule
 // of that name that takes it: tokens_per_minute and burst to a bucket (they
 // replace its whole limit, as a bucket's own tokens_per_minute and burst
-// do), max to a concurrency limit. A zero field is unset: the rule keeps
-// its own value for it. Limits are plain data; their JSON form (the admin
-// API's) has the same keys as their YAML form, and DecodeLimits reads it.
+// do), max to a concurrency limit, tokens to a quota of tokens and cost to
+// a quota of money (each replaces the quota's budget per window). A zero
+// field is unset: the rule keeps its own value for it. Limits are plain
+// data; their JSON form (the admin API's) has the same keys as their YAML
+// form, and DecodeLimits reads it.
 type Limits struct {
 	TokensPerMinute float64 `yaml:"tokens_per_minute" json:"tokens_per_minute,omitempty"`
 	Burst           float64 `yaml:"burst" json:"burst,omitempty"`
 	Max             int     `yaml:"max" json:"max,omitempty"`
+	// Tokens is a quota's budget of tokens per window.
+	Tokens int `yaml:"tokens" json:"tokens,omitempty"`
+	// Cost is a quota's budget of money per window, a plain decimal in the
+	// pricing currency ("2000", "49.95"), as a quota's own cost is written.
+	Cost Amount `yaml:"cost" json:"cost,omitempty"`
+}
+
+// Amount is an amount of money written as a plain decimal in units of the
+// pricing currency ("2000.50"), read exactly by pricing.ParseAmount. Its
+// JSON form is a string; a JSON number is taken as the text it is written
+// as, so {"cost": 2000} and {"cost": "2000"} are the same amount.
+type Amount string
+
+// UnmarshalJSON reads a JSON string, or a JSON number as written.
+func (a *Amount) UnmarshalJSON(data []byte) error {
+	if len(data) > 0 && data[0] == '"' {
+		var s string
+		if err := json.Unmarshal(data, &s); err != nil {
+			return err
+		}
+		*a = Amount(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(data, &n); err != nil {
+		return &json.UnmarshalTypeError{Value: jsonKind(data), Type: reflect.TypeOf(*a)}
+	}
+	*a = Amount(n)
+	return nil
+}
+
+// jsonKind names the kind of a JSON value, as a type error does.
+func jsonKind(data []byte) string {
+	switch {
+	case len(data) == 0:
+		return "value"
+	case data[0] == '{':
+		return "object"
+	case data[0] == '[':
+		return "array"
+	case data[0] == 't' || data[0] == 'f':
+		return "bool"
+	}
+	return "value"
 }
 
 // SetsBucket reports whether l sets a bucket's limit.
 func (l Limits) SetsBucket() bool { return l.TokensPerMinute != 0 || l.Burst != 0 }
+
+// SetsQuota reports whether l sets a quota's budget.
+func (l Limits) SetsQuota() bool { return l.Tokens != 0 || l.Cost != "" }
 
 // Limit is the bucket limit l sets, in the store's terms (S1); the zero
 // Limit when l sets none.
@@ -37,6 +87,21 @@ func (l Limits) Limit() buckets.Limit {
 		return buckets.Limit{}
 	}
 	return buckets.PerMinute(l.TokensPerMinute, l.Burst)
+}
+
+// Budgets are the quota budgets l sets in the store's terms: tokens, and
+// money in micro-units of the pricing currency; each 0 when l sets none.
+// The error says why Cost is not an amount; for validated limits it is
+// nil.
+func (l Limits) Budgets() (tokens, money float64, err error) {
+	if l.Cost != "" {
+		m, err := pricing.ParseAmount(string(l.Cost))
+		if err != nil {
+			return 0, 0, err
+		}
+		money = float64(m)
+	}
+	return float64(l.Tokens), money, nil
 }
 
 // Override gives one identity limits of its own under one rule name of its
@@ -202,23 +267,39 @@ func (p *Policy) concurrency(name string) *Concurrency {
 	return nil
 }
 
+func (p *Policy) quota(name string) *Quota {
+	if i := slices.IndexFunc(p.Quotas, func(q Quota) bool { return q.Name == name }); i >= 0 {
+		return &p.Quotas[i]
+	}
+	return nil
+}
+
 // overrideTarget finds what overrides of rule are keyed by, or says why
-// the rule has none.
+// the rule has none. A rule name may be a bucket's or a quota's (never
+// both) and a concurrency limit's.
 func overrideTarget(p *Policy, rule string) (OverrideTarget, error) {
-	b, c := p.bucket(rule), p.concurrency(rule)
-	var per string
+	b, c, q := p.bucket(rule), p.concurrency(rule), p.quota(rule)
+	var pers []string
+	var kinds []string
+	if b != nil {
+		pers, kinds = append(pers, b.Per), append(kinds, "bucket")
+	}
+	if q != nil {
+		pers, kinds = append(pers, q.Per), append(kinds, "quota")
+	}
+	if c != nil {
+		pers, kinds = append(pers, c.Per), append(kinds, "concurrency limit")
+	}
 	switch {
-	case b == nil && c == nil:
-		return OverrideTarget{}, fmt.Errorf("%w: policy %q has no bucket or concurrency limit named %q", ErrUnknownTarget, p.Name, rule)
+	case len(pers) == 0:
+		return OverrideTarget{}, fmt.Errorf("%w: policy %q has no bucket, quota or concurrency limit named %q", ErrUnknownTarget, p.Name, rule)
 	case b != nil && b.ProviderLimit != nil:
 		return OverrideTarget{}, fmt.Errorf("bucket %q stands for the provider account, which every identity shares; it has no limits per identity", rule)
-	case b != nil && c != nil && b.Per != c.Per:
-		return OverrideTarget{}, fmt.Errorf("bucket %q is per %q and the concurrency limit of that name per %q: an override would key them by different identities (give them different names)", rule, b.Per, c.Per)
-	case b != nil:
-		per = b.Per
-	default:
-		per = c.Per
+	case len(pers) == 2 && pers[0] != pers[1]:
+		return OverrideTarget{}, fmt.Errorf("%s %q is per %q and the %s of that name per %q: an override would key them by different identities (give them different names)",
+			kinds[0], rule, pers[0], kinds[1], pers[1])
 	}
+	per := pers[0]
 	if per == "" {
 		return OverrideTarget{}, fmt.Errorf("%q is global (one limit for every request): change its limit in the configuration file", rule)
 	}
@@ -235,11 +316,16 @@ func overrideTarget(p *Policy, rule string) (OverrideTarget, error) {
 // or (tier) by a tier; path is where l sits ("" for the admin API). The
 // rule itself was found by overrideTarget.
 func (v *validator) validateLimits(path string, p *Policy, rule string, l Limits, tier bool) {
-	b, c := p.bucket(rule), p.concurrency(rule)
-	if !l.SetsBucket() && l.Max == 0 {
+	b, c, q := p.bucket(rule), p.concurrency(rule), p.quota(rule)
+	if !l.SetsBucket() && l.Max == 0 && !l.SetsQuota() {
 		var want []string
 		if b != nil {
 			want = append(want, fmt.Sprintf("tokens_per_minute (and burst) for bucket %q", rule))
+		}
+		if q != nil && q.Cost != "" {
+			want = append(want, fmt.Sprintf("cost for quota %q", rule))
+		} else if q != nil {
+			want = append(want, fmt.Sprintf("tokens for quota %q", rule))
 		}
 		if c != nil {
 			want = append(want, fmt.Sprintf("max for concurrency limit %q", rule))
@@ -247,16 +333,31 @@ func (v *validator) validateLimits(path string, p *Policy, rule string, l Limits
 		v.add(path, "sets no limit: give %s", strings.Join(want, ", or "))
 		return
 	}
-	if tier {
-		if (b != nil && b.Per == perModel) || (c != nil && c.Per == perModel) {
-			v.add(join(path, "rule"), "%q is per model, which every identity shares: a tier cannot change it", rule)
-			return
+	if tier && ((b != nil && b.Per == perModel) || (c != nil && c.Per == perModel) || (q != nil && q.Per == perModel)) {
+		v.add(join(path, "rule"), "%q is per model, which every identity shares: a tier cannot change it", rule)
+		return
+	}
+	// what names what rule is, for a field that does not apply to it,
+	// and which fields do.
+	what := func(not string) string {
+		var kinds, fields []string
+		switch {
+		case b != nil:
+			kinds, fields = append(kinds, "a bucket"), append(fields, "tokens_per_minute and burst")
+		case q != nil && q.Cost != "":
+			kinds, fields = append(kinds, "a quota of money"), append(fields, "cost")
+		case q != nil:
+			kinds, fields = append(kinds, "a quota of tokens"), append(fields, "tokens")
 		}
+		if c != nil {
+			kinds, fields = append(kinds, "a concurrency limit"), append(fields, "max")
+		}
+		return fmt.Sprintf("%q is %s of policy %q, not %s: set %s", rule, strings.Join(kinds, " and "), p.Name, not, strings.Join(fields, ", or "))
 	}
 	if l.SetsBucket() {
 		switch {
 		case b == nil:
-			v.add(join(path, "tokens_per_minute"), "%q is a concurrency limit of policy %q, not a bucket: set max", rule, p.Name)
+			v.add(join(path, "tokens_per_minute"), "%s", what("a bucket"))
 		case l.TokensPerMinute == 0:
 			v.add(join(path, "tokens_per_minute"), "is required with burst: the override replaces bucket %q's whole limit", rule)
 		case v.validateRate(path, l.TokensPerMinute, l.Burst):
@@ -269,9 +370,25 @@ func (v *validator) validateLimits(path string, p *Policy, rule string, l Limits
 	if l.Max != 0 {
 		switch {
 		case c == nil:
-			v.add(join(path, "max"), "%q is a bucket of policy %q, not a concurrency limit: set tokens_per_minute and burst", rule, p.Name)
+			v.add(join(path, "max"), "%s", what("a concurrency limit"))
 		case l.Max < 1:
 			v.add(join(path, "max"), "must be at least 1, got %d", l.Max)
+		}
+	}
+	if l.Tokens != 0 {
+		switch {
+		case q == nil || q.Cost != "":
+			v.add(join(path, "tokens"), "%s", what("a quota of tokens"))
+		case l.Tokens < 1 || l.Tokens > maxQuotaTokens:
+			v.add(join(path, "tokens"), "must be from 1 to %d, got %d", maxQuotaTokens, l.Tokens)
+		}
+	}
+	if l.Cost != "" {
+		switch {
+		case q == nil || q.Cost == "":
+			v.add(join(path, "cost"), "%s", what("a quota of money"))
+		default:
+			v.validateCost(join(path, "cost"), string(l.Cost))
 		}
 	}
 }

@@ -26,12 +26,16 @@ policies:
     concurrency:
       - {name: key, per: key, max: 4}
       - {name: team-slots, per: team, max: 10}
+    quotas:
+      - {name: team-monthly, per: team, window: month, timezone: UTC, cost: "500"}
+      - {name: key-daily, per: key, window: day, timezone: UTC, tokens: 100000}
     tier: {header: x-tier}
     tiers:
       - name: gold
-        limits: [{rule: team, tokens_per_minute: 120000}]
+        limits: [{rule: team, tokens_per_minute: 120000}, {rule: team-monthly, cost: 1000}]
     overrides:
       - {rule: team, identity: acme, tokens_per_minute: 2000000, burst: 500000}
+      - {rule: team-monthly, identity: acme, cost: "2000"}
 `
 
 func TestOverridesParse(t *testing.T) {
@@ -40,14 +44,25 @@ func TestOverridesParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, _ := c.Policy("p")
-	want := []Override{{Rule: "team", Identity: "acme", Limits: Limits{TokensPerMinute: 2000000, Burst: 500000}}}
+	want := []Override{
+		{Rule: "team", Identity: "acme", Limits: Limits{TokensPerMinute: 2000000, Burst: 500000}},
+		{Rule: "team-monthly", Identity: "acme", Limits: Limits{Cost: "2000"}},
+	}
 	if d := cmp.Diff(want, p.Overrides); d != "" {
 		t.Errorf("overrides (-want +got):\n%s", d)
 	}
 	if got := p.Overrides[0].Limit(); got != (buckets.Limit{Capacity: 500000, Rate: 2000000.0 / 60}) {
 		t.Errorf("limit %+v", got)
 	}
-	if d := cmp.Diff([]Tier{{Name: "gold", Limits: []RuleLimits{{Rule: "team", Limits: Limits{TokensPerMinute: 120000}}}}}, p.Tiers); d != "" {
+	if tokens, money, err := p.Overrides[1].Budgets(); tokens != 0 || money != 2000e6 || err != nil {
+		t.Errorf("budgets %v, %v, %v; want $2000 in micro-units", tokens, money, err)
+	}
+	// An unquoted amount in YAML is the same amount.
+	wantTiers := []Tier{{Name: "gold", Limits: []RuleLimits{
+		{Rule: "team", Limits: Limits{TokensPerMinute: 120000}},
+		{Rule: "team-monthly", Limits: Limits{Cost: "1000"}},
+	}}}
+	if d := cmp.Diff(wantTiers, p.Tiers); d != "" {
 		t.Errorf("tiers (-want +got):\n%s", d)
 	}
 }
@@ -70,7 +85,7 @@ func TestCheckOverride(t *testing.T) {
 		{"p", "model", Limits{TokensPerMinute: 1000}, false, ""},
 		{"p", "team-slots", Limits{Max: 64}, false, ""},
 		{"q", "team", Limits{TokensPerMinute: 1}, true, `policy "q" is not defined`},
-		{"p", "nope", Limits{TokensPerMinute: 1}, true, `policy "p" has no bucket or concurrency limit named "nope"`},
+		{"p", "nope", Limits{TokensPerMinute: 1}, true, `policy "p" has no bucket, quota or concurrency limit named "nope"`},
 		{"p", "global", Limits{TokensPerMinute: 1}, false, `"global" is global`},
 		{"p", "team", Limits{}, false, `sets no limit: give tokens_per_minute (and burst) for bucket "team"`},
 		{"p", "team", Limits{Burst: 10}, false, "tokens_per_minute: is required with burst"},
@@ -79,6 +94,16 @@ func TestCheckOverride(t *testing.T) {
 		{"p", "team-slots", Limits{Max: -1}, false, "max: must be at least 1, got -1"},
 		{"p", "team", Limits{TokensPerMinute: 100, Burst: -1}, false, "burst: must be positive"},
 		{"p", "team", Limits{TokensPerMinute: 5e-324}, false, "the limit these values give is unusable"},
+		// Quotas: tokens for a quota of tokens, cost for a quota of money.
+		{"p", "team-monthly", Limits{Cost: "2000"}, false, ""},
+		{"p", "key-daily", Limits{Tokens: 5_000_000}, false, ""},
+		{"p", "team-monthly", Limits{Tokens: 5}, false, `tokens: "team-monthly" is a quota of money of policy "p", not a quota of tokens: set cost`},
+		{"p", "key-daily", Limits{Cost: "5"}, false, `cost: "key-daily" is a quota of tokens of policy "p", not a quota of money: set tokens`},
+		{"p", "key", Limits{Cost: "5"}, false, `cost: "key" is a bucket and a concurrency limit of policy "p", not a quota of money: set tokens_per_minute and burst, or max`},
+		{"p", "team-monthly", Limits{Cost: "1e3"}, false, `cost: amount "1e3": not a plain decimal`},
+		{"p", "team-monthly", Limits{Cost: "0.000"}, false, `cost: must be more than zero`},
+		{"p", "key-daily", Limits{Tokens: -1}, false, `tokens: must be from 1 to`},
+		{"p", "team-monthly", Limits{}, false, `sets no limit: give cost for quota "team-monthly"`},
 	} {
 		err := c.CheckOverride(tt.policy, tt.rule, tt.l)
 		switch {
@@ -105,7 +130,12 @@ func TestDecodeLimits(t *testing.T) {
 	}{
 		{`{"tokens_per_minute": 2000000, "burst": 100}`, Limits{TokensPerMinute: 2000000, Burst: 100}, ""},
 		{`{"max": 8}`, Limits{Max: 8}, ""},
-		{`{"tpm": 8}`, Limits{}, `request body: tpm: unknown key "tpm" (known: burst, max, tokens_per_minute)`},
+		{`{"cost": "2000.50"}`, Limits{Cost: "2000.50"}, ""},
+		{`{"cost": 2000.50}`, Limits{Cost: "2000.50"}, ""}, // a number, as written
+		{`{"tokens": 2000000}`, Limits{Tokens: 2000000}, ""},
+		{`{"cost": true}`, Limits{}, `request body: cost: want an amount such as "2000.50", got a JSON bool`},
+		{`{"cost": {}}`, Limits{}, `request body: cost: want an amount such as "2000.50", got a JSON object`},
+		{`{"tpm": 8}`, Limits{}, `request body: tpm: unknown key "tpm" (known: burst, cost, max, tokens, tokens_per_minute)`},
 		{`{"max": 1.5}`, Limits{}, "request body: max: want a whole number, got a JSON number"},
 		{`{"tokens_per_minute": "lots"}`, Limits{}, "request body: tokens_per_minute: want a number, got a JSON string"},
 		{`{"max": 8} {"max": 9}`, Limits{}, "request body: holds more than one JSON object"},
@@ -166,7 +196,8 @@ func TestNeedsRestart(t *testing.T) {
 // DecodeLimits never panics, answers either limits or problems, and what
 // it accepts survives a round trip through its JSON form.
 func FuzzDecodeLimits(f *testing.F) {
-	for _, s := range []string{`{"tokens_per_minute":2000000,"burst":100}`, `{"max":8}`, `{}`, `{"max":1.5}`, `[1]`, `{"tpm":1}`, `{"max":8} {"max":9}`, `{"burst":1e400}`} {
+	for _, s := range []string{`{"tokens_per_minute":2000000,"burst":100}`, `{"max":8}`, `{}`, `{"max":1.5}`, `[1]`, `{"tpm":1}`, `{"max":8} {"max":9}`, `{"burst":1e400}`,
+		`{"cost":"2000.50"}`, `{"cost":2000.5}`, `{"cost":null}`, `{"cost":"<>&"}`, `{"tokens":5,"cost":1e3}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -181,6 +212,11 @@ func FuzzDecodeLimits(f *testing.F) {
 		round, err := json.Marshal(l)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(round) > maxLimitsBytes {
+			// JSON escapes some bytes of a string (a cost that is no
+			// amount, which CheckOverride refuses) in six.
+			return
 		}
 		again, err := DecodeLimits(round)
 		if err != nil || again != l {

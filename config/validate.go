@@ -32,6 +32,7 @@ var (
 	configShape  = reflect.TypeOf(Config{})
 	durationType = reflect.TypeOf(time.Duration(0))
 	leaseType    = reflect.TypeOf(Lease{})
+	amountType   = reflect.TypeOf(Amount(""))
 )
 
 func (v *validator) add(path, format string, args ...any) {
@@ -146,6 +147,8 @@ func want(t reflect.Type) string {
 	switch {
 	case t == durationType:
 		return "a duration such as 500ms, 30s or 10m"
+	case t == amountType:
+		return `an amount such as "2000.50"`
 	case t.Kind() == reflect.Float64:
 		return "a number"
 	case t.Kind() == reflect.Int:
@@ -639,13 +642,19 @@ func (v *validator) validateQuota(path string, q *Quota) {
 	case q.Tokens == 0 && q.Cost == "":
 		v.add(path, "needs tokens (a token budget per window) or cost (a money budget per window, in the pricing currency)")
 	case q.Cost != "":
-		if m, err := pricing.ParseAmount(q.Cost); err != nil {
-			v.add(join(path, "cost"), "%s", strings.TrimPrefix(err.Error(), pricing.ErrInvalidPrice.Error()+": "))
-		} else if m == 0 {
-			v.add(join(path, "cost"), "must be more than zero, got %q", q.Cost)
-		}
+		v.validateCost(join(path, "cost"), q.Cost)
 	case q.Tokens < 0 || q.Tokens > maxQuotaTokens:
 		v.add(join(path, "tokens"), "must be from 1 to %d, got %d", maxQuotaTokens, q.Tokens)
+	}
+}
+
+// validateCost checks a budget of money: a plain decimal amount above
+// zero.
+func (v *validator) validateCost(path, cost string) {
+	if m, err := pricing.ParseAmount(cost); err != nil {
+		v.add(path, "%s", strings.TrimPrefix(err.Error(), pricing.ErrInvalidPrice.Error()+": "))
+	} else if m == 0 {
+		v.add(path, "must be more than zero, got %q", cost)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -262,7 +263,8 @@ func TestHardCostBudgetDuplexOverrunsByOneEventAtMost(t *testing.T) {
 
 // Usage shows an identity what a request of theirs would meet: the
 // buckets and quotas keyed by their identities (hashed ones hashed alike),
-// shared buckets included, per-model rules only for a model.
+// shared buckets included, per-model rules only for a model, rules keyed
+// by an identity not given left out.
 func TestUsage(t *testing.T) {
 	now := budgetClock()
 	monthly := QuotaRule{Name: "team-monthly", Per: "team", Window: mustWindow(t, "month", "Europe/Amsterdam"), Unit: buckets.Money, Limit: 5_000_000}
@@ -288,37 +290,48 @@ func TestUsage(t *testing.T) {
 	}
 	r.outcome(t)
 
-	got, err := r.srv.Usage(context.Background(), "p", map[string]string{"team": "acme", "key": "sk-alice"}, "")
+	ids := map[string]string{"team": IdentityKey("acme", false), "key": IdentityKey("sk-alice", true)}
+	got, err := r.srv.Usage(context.Background(), UsageQuery{Policy: "p", Identities: ids})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Usage{
-		Policy: "p", Currency: "USD",
-		Buckets: []buckets.BucketState{
-			{Name: "key", Limit: buckets.Limit{Capacity: 500, Rate: 1}, Remaining: 478, Reset: 22 * time.Second},
-			{Name: "global", Limit: buckets.Limit{Capacity: 10000, Rate: 1}, Remaining: 9978, Reset: 22 * time.Second},
-		},
-		Quotas: []buckets.QuotaState{
+		Policy: "p", Currency: "USD", At: now(),
+		Rules: []RuleUsage{
+			{Name: "key", Kind: KindBucket, Per: "key", Source: "rule",
+				Bucket: &buckets.BucketState{Name: "key", Limit: buckets.Limit{Capacity: 500, Rate: 1}, Remaining: 478, Reset: 22 * time.Second}},
+			{Name: "global", Kind: KindBucket, Source: "rule",
+				Bucket: &buckets.BucketState{Name: "global", Limit: buckets.Limit{Capacity: 10000, Rate: 1}, Remaining: 9978, Reset: 22 * time.Second}},
 			// 20:00Z on March 31 is 22:00 in Amsterdam: April begins in
 			// two hours.
-			{Name: "team-monthly", Unit: buckets.Money, Limit: 5_000_000, Spent: 700_000, Remaining: 4_300_000, Window: "2026-03", Reset: 2 * time.Hour},
-			{Name: "key-daily", Unit: buckets.Tokens, Limit: 1000, Spent: 22, Remaining: 978, Window: "2026-03-31", Reset: 4 * time.Hour},
+			{Name: "team-monthly", Kind: KindQuota, Per: "team", Source: "rule",
+				Quota: &buckets.QuotaState{Name: "team-monthly", Unit: buckets.Money, Limit: 5_000_000, Spent: 700_000, Remaining: 4_300_000, Window: "2026-03", Reset: 2 * time.Hour}},
+			{Name: "key-daily", Kind: KindQuota, Per: "key", Source: "rule",
+				Quota: &buckets.QuotaState{Name: "key-daily", Unit: buckets.Tokens, Limit: 1000, Spent: 22, Remaining: 978, Window: "2026-03-31", Reset: 4 * time.Hour}},
 		},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Usage (-want +got):\n%s", diff)
 	}
 	// Another team, with a model: its own quota is untouched, the per-model
-	// bucket appears, the shared one is the same.
-	got, err = r.srv.Usage(context.Background(), "p", map[string]string{"team": "globex"}, "gpt-4o-mini")
+	// bucket appears (any spelling of the model), the shared one is the
+	// same, the key's rules are left out.
+	got, err = r.srv.Usage(context.Background(), UsageQuery{Policy: "p", Identities: map[string]string{"team": "globex"}, Model: "openai/GPT-4o-mini-2024-07-18"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Buckets) != 3 || got.Buckets[1].Name != "model" || got.Buckets[1].Remaining != 8978 || got.Buckets[2].Remaining != 9978 ||
-		got.Quotas[0].Spent != 0 || got.Quotas[1].Spent != 0 {
+	var names []string
+	for _, ru := range got.Rules {
+		names = append(names, ru.Name)
+	}
+	if !slices.Equal(names, []string{"model", "global", "team-monthly"}) ||
+		got.Rules[0].Bucket.Remaining != 8978 || got.Rules[1].Bucket.Remaining != 9978 || got.Rules[2].Quota.Spent != 0 {
 		t.Errorf("Usage of another team = %+v", got)
 	}
-	if _, err := r.srv.Usage(context.Background(), "nope", nil, ""); !errors.Is(err, ErrUnknownPolicy) {
+	if _, err := r.srv.Usage(context.Background(), UsageQuery{Policy: "nope"}); !errors.Is(err, ErrUnknownPolicy) {
 		t.Errorf("Usage of an unknown policy: %v; want ErrUnknownPolicy", err)
+	}
+	if _, err := r.srv.Usage(context.Background(), UsageQuery{Policy: "p", Identities: map[string]string{"user": "x"}}); !errors.Is(err, ErrUnknownIdentity) {
+		t.Errorf("Usage of an unknown identity: %v; want ErrUnknownIdentity", err)
 	}
 }

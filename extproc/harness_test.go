@@ -204,6 +204,15 @@ func (s *recordingStore) Inspect(ctx context.Context, bs []buckets.Bucket, qs []
 	return in.Inspect(ctx, bs, qs)
 }
 
+// InUse implements buckets.Inspector when the inner store does.
+func (s *recordingStore) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
+	in, ok := s.inner.(buckets.Inspector)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return in.InUse(ctx, ss)
+}
+
 func (s *recordingStore) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
 	s.mu.Lock()
 	s.paused[b.Name] = until

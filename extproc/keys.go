@@ -10,6 +10,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // Bucket and slot keys follow one scheme:
@@ -137,13 +139,16 @@ func IdentityKey(value string, hash bool) string {
 	return identityPart(v)
 }
 
-// ModelKey is the form a model name takes in the keys of per-model rules;
-// "" for an empty name.
+// ModelKey is the form a model name takes in the keys of per-model rules
+// and in override keys, as a request naming that model gets it: resolved
+// by tokenizer.ModelKey (case, router prefix, fine-tune and snapshot do not
+// matter), then escaped. It is "" for an empty name.
 func ModelKey(model string) string {
-	if model == "" {
+	m := tokenizer.ModelKey(model)
+	if m == "" {
 		return ""
 	}
-	return identityPart(model)
+	return identityPart(m)
 }
 
 // metadataString reads a dotted path ("claims.sub") from a Struct. Numbers

@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"cmp"
-	"fmt"
 	"maps"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tokengate/tokengate/buckets"
-	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // Limits as data: a rule's limits may differ per identity (an override,
@@ -24,12 +22,18 @@ import (
 // part of, so they carry over.
 
 // Override replaces a rule's limits for one identity or one tier: a bucket
-// rule takes Limit, a concurrency rule Max (a rule name may be both, as
-// "apikey" is in the default configuration). A zero field keeps the
-// rule's own value. Plain data.
+// rule takes Limit, a concurrency rule Max, a quota of tokens Tokens and a
+// quota of money Money (a rule name may be a bucket's or a quota's and a
+// concurrency limit's, as "apikey" is in the default configuration). A zero
+// field keeps the rule's own value. Plain data.
 type Override struct {
 	Limit buckets.Limit
 	Max   int
+	// Tokens is a quota of tokens' budget per window.
+	Tokens float64
+	// Money is a quota of money's budget per window, in micro-units of
+	// Config.Prices' currency.
+	Money float64
 }
 
 // OverrideKey names an override: a rule of a policy, for one identity
@@ -165,79 +169,35 @@ func (p *processor) slot(r ConcurrencyRule) buckets.Slot {
 	return buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: cmp.Or(id.Max, tier.Max, r.Max), Lease: r.Lease}
 }
 
-// ChainQuery names the requests whose chain Server.Chain describes: those
-// of Policy from the given identities, of Model and of Tier.
-type ChainQuery struct {
-	Policy string
-	// Identities maps identity names to values in the form store keys use
-	// (IdentityKey). Rules keyed by an identity not given are left out.
-	Identities map[string]string
-	// Model is the model name; without it per-model rules are left out.
-	Model string
-	Tier  string
+// quota is quota rule r's quota for this request, with the budget in
+// force.
+func (p *processor) quota(r QuotaRule) buckets.Quota {
+	tier, id := p.layers(r.Name, r.Per)
+	limit := r.Limit
+	if r.Unit == buckets.Money {
+		limit = cmp.Or(id.Money, tier.Money, limit)
+	} else {
+		limit = cmp.Or(id.Tokens, tier.Tokens, limit)
+	}
+	return buckets.Quota{Name: r.Name, Key: p.key(r.Name, r.Per, false), Window: r.Window, Unit: r.Unit, Limit: limit, Hard: r.Hard}
 }
 
-// ChainRule is one rule of a chain with the limit in force for it.
-type ChainRule struct {
-	// Bucket is set for a bucket rule, Slot for a concurrency rule.
-	Bucket *buckets.Bucket
-	Slot   *buckets.Slot
-	Per    string
-	// Source is where the limit comes from: "rule", "tier" or "override".
-	Source string
+// limits are the buckets and quotas of the policy's chain for this
+// request's identities and model, keyed as keys.go describes and with the
+// limits in force: what a request reserves.
+func (p *processor) limits() ([]buckets.Bucket, []buckets.Quota) {
+	bs := make([]buckets.Bucket, 0, len(p.pol.Buckets))
+	for _, r := range p.pol.Buckets {
+		bs = append(bs, p.bucket(r))
+	}
+	var qs []buckets.Quota
+	for _, r := range p.pol.Quotas {
+		qs = append(qs, p.quota(r))
+	}
+	return bs, qs
 }
 
-// Chain returns the buckets and concurrency limits a request described by
-// q would reserve against now, each with the limit in force for it and its
-// store key: what a usage report inspects. It is the request path's own
-// code, so the two cannot disagree.
-func (s *Server) Chain(q ChainQuery) ([]ChainRule, error) {
-	set := s.live.Load()
-	pol := set.byName[q.Policy]
-	if pol == nil {
-		return nil, fmt.Errorf("policy %q is not defined", q.Policy)
-	}
-	p := &processor{s: s, pol: pol, policy: pol.Name}
-	p.req.ids = make(map[string]string, len(q.Identities))
-	for name, v := range q.Identities {
-		if !hasIdentity(pol, name) {
-			return nil, fmt.Errorf("policy %q has no identity %q", pol.Name, name)
-		}
-		p.req.ids[name] = v
-	}
-	p.req.count.Model, p.req.count.ModelKey = q.Model, tokenizer.ModelKey(q.Model)
-	p.req.tier = q.Tier
-	known := func(per string) bool {
-		if per == perModel {
-			return q.Model != ""
-		}
-		return per == "" || p.req.ids[per] != ""
-	}
-	var out []ChainRule
-	for _, r := range pol.Buckets {
-		if !known(r.Per) {
-			continue
-		}
-		b := p.bucket(r)
-		src := sourceRule
-		if !r.Provider {
-			tier, id := p.layers(r.Name, r.Per)
-			src = source(tier.Limit != buckets.Limit{}, id.Limit != buckets.Limit{})
-		}
-		out = append(out, ChainRule{Bucket: &b, Per: r.Per, Source: src})
-	}
-	for _, r := range pol.Concurrency {
-		if !known(r.Per) {
-			continue
-		}
-		sl := p.slot(r)
-		tier, id := p.layers(r.Name, r.Per)
-		out = append(out, ChainRule{Slot: &sl, Per: r.Per, Source: source(tier.Max != 0, id.Max != 0)})
-	}
-	return out, nil
-}
-
-// Where a limit in force comes from (ChainRule.Source).
+// Where a limit in force comes from (RuleUsage.Source).
 const (
 	sourceRule     = "rule"
 	sourceTier     = "tier"

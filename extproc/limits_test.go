@@ -1,8 +1,10 @@
 package extproc
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -111,31 +113,160 @@ func TestIdentityKeyIsTheRequestsKey(t *testing.T) {
 	}
 }
 
-// Chain describes the rules a request would reserve against, with the same
-// limits and keys the request path uses, and where each limit comes from.
-func TestChain(t *testing.T) {
-	srv, err := NewServer(Config{Policies: []Policy{tieredPolicy()}, DefaultPolicy: "p", Store: buckets.NewMemory(buckets.MemoryOptions{}), counter: &fakeCounter{}})
-	if err != nil {
-		t.Fatal(err)
+// A quota's budget is, as a bucket's limit, the identity's override, else
+// its tier's, else the rule's own ("team=acme gets $2,000 a month"), in
+// tokens and in money; the budget in force decides admission and shows in
+// the budget headers.
+func TestQuotaOverridesAndTiers(t *testing.T) {
+	now := budgetClock()
+	daily := QuotaRule{Name: "team-daily", Per: "team", Window: mustWindow(t, "day", "UTC"), Limit: 200}
+	monthly := QuotaRule{Name: "team-monthly", Per: "team", Window: mustWindow(t, "month", "UTC"), Unit: buckets.Money, Limit: 1_000_000}
+	pol := Policy{Name: "p",
+		Identities: []Identity{{Name: "team", Header: "x-team"}},
+		Tier:       &Identity{Name: "tier", Header: "x-tier"},
+		Tiers:      map[string]map[string]Override{"gold": {"team-daily": {Tokens: 1000}}},
+		Buckets:    []BucketRule{{Name: "global", Limit: buckets.Limit{Capacity: 1e6, Rate: 1e-9}}},
+		Quotas:     []QuotaRule{daily, monthly},
 	}
-	srv.SetOverrides(Overrides{{Policy: "p", Rule: "slots", Identity: "acme"}: {Max: 7}})
-	got, err := srv.Chain(ChainQuery{Policy: "p", Identities: map[string]string{"team": "acme"}, Tier: "gold"})
-	if err != nil {
-		t.Fatal(err)
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, now: now, store: buckets.NewMemory(buckets.MemoryOptions{Now: now}), prices: testPrices(t)})
+	r.srv.SetOverrides(Overrides{
+		{Policy: "p", Rule: "team-daily", Identity: "acme"}:   {Tokens: 5000},
+		{Policy: "p", Rule: "team-monthly", Identity: "acme"}: {Money: 2_000_000_000},
+	})
+	// Each request reserves 110 tokens (10 input, 100 output) and at most
+	// 10×$0.01 + 100×$0.05 = $5.10 of gpt-4o-mini.
+	const body = `{"model":"gpt-4o-mini","max_tokens":100,"messages":[]}`
+	post := func(team, tier string) (int, string, string) {
+		t.Helper()
+		hdr := map[string]string{"x-team": team}
+		if tier != "" {
+			hdr["x-tier"] = tier
+		}
+		resp, text := r.post(t, chatPath, body, hdr)
+		r.outcome(t)
+		return resp.StatusCode, resp.Header.Get(headerLimitBudget), text
 	}
-	want := []ChainRule{
-		{Bucket: &buckets.Bucket{Name: "team", Key: "tg:p:team:acme", Limit: buckets.Limit{Capacity: 5000, Rate: 1e-9}}, Per: "team", Source: "tier"},
-		{Bucket: &buckets.Bucket{Name: "global", Key: "tg:p:global:%2A", Limit: buckets.Limit{Capacity: 1e6, Rate: 1e-9}}, Source: "rule"},
-		{Slot: &buckets.Slot{Name: "slots", Key: "tg:p:slots:acme", Max: 7, Lease: 10 * time.Minute}, Per: "team", Source: "override"},
+	// bob has the rules' own budgets: 200 tokens a day, $1 a month, which
+	// $5.10 can never fit.
+	if st, _, text := post("bob", ""); st != 413 || !strings.Contains(text, `"quota":"team-monthly"`) {
+		t.Errorf("bob: %d %s; want 413 from team-monthly", st, text)
 	}
-	if d := cmp.Diff(want, got); d != "" {
-		t.Errorf("chain (-want +got):\n%s", d)
+	r.srv.SetOverrides(Overrides{
+		{Policy: "p", Rule: "team-daily", Identity: "acme"}:   {Tokens: 5000},
+		{Policy: "p", Rule: "team-monthly", Identity: "acme"}: {Money: 2_000_000_000},
+		{Policy: "p", Rule: "team-monthly", Identity: "bob"}:  {Money: 100_000_000},
+	})
+	// bob with $100 a month: the 200-token day admits one request.
+	if st, limit, _ := post("bob", ""); st != 200 || limit != "200" {
+		t.Errorf("bob's first: %d, budget %q; want 200 under the daily 200", st, limit)
 	}
-	for _, q := range []ChainQuery{{Policy: "nope"}, {Policy: "p", Identities: map[string]string{"user": "x"}}} {
-		if _, err := srv.Chain(q); err == nil {
-			t.Errorf("Chain(%+v) succeeded", q)
+	if st, _, text := post("bob", ""); st != 429 || !strings.Contains(text, `"quota":"team-daily"`) {
+		t.Errorf("bob's second: %d %s; want 429 from team-daily", st, text)
+	}
+	// The gold tier's 1000 tokens a day admit bob's next: same key, so
+	// the 110 spent carry over.
+	if st, _, _ := post("bob", "gold"); st != 200 {
+		t.Errorf("bob of the gold tier: %d; want 200", st)
+	}
+	// acme's override beats its tier: 5000 tokens and $2,000.
+	for range 3 {
+		if st, _, _ := post("acme", "gold"); st != 200 {
+			t.Fatalf("acme: %d; want 200", st)
 		}
 	}
+	got, err := r.srv.Usage(context.Background(), UsageQuery{Policy: "p", Identities: map[string]string{"team": "acme"}, Tier: "gold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []RuleUsage{
+		{Name: "global", Kind: KindBucket, Source: "rule", Bucket: got.Rules[0].Bucket},
+		{Name: "team-daily", Kind: KindQuota, Per: "team", Source: "override",
+			Quota: &buckets.QuotaState{Name: "team-daily", Limit: 5000, Spent: 330, Remaining: 4670, Window: "2026-03-31", Reset: 4 * time.Hour}},
+		{Name: "team-monthly", Kind: KindQuota, Per: "team", Source: "override",
+			Quota: &buckets.QuotaState{Name: "team-monthly", Unit: buckets.Money, Limit: 2_000_000_000, Spent: 3 * 5_100_000, Remaining: 2_000_000_000 - 3*5_100_000, Window: "2026-03", Reset: 4 * time.Hour}},
+	}
+	if d := cmp.Diff(want, got.Rules); d != "" {
+		t.Errorf("usage of acme (-want +got):\n%s", d)
+	}
+	got, err = r.srv.Usage(context.Background(), UsageQuery{Policy: "p", Identities: map[string]string{"team": "carol"}, Tier: "gold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := got.Rules[1]; q.Source != "tier" || q.Quota.Limit != 1000 || got.Rules[2].Source != "rule" {
+		t.Errorf("usage of carol of the gold tier: %+v, %+v", q, got.Rules[2])
+	}
+}
+
+// Usage names, per rule, the limit in force and where it comes from, with
+// the same keys the request path uses; a concurrency limit shows the
+// slots held.
+func TestUsageSourcesAndSlots(t *testing.T) {
+	hold := make(chan struct{})
+	handler := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-hold:
+		case <-req.Context().Done():
+		}
+	})
+	r := newRig(t, nil, rigOptions{policies: []Policy{tieredPolicy()}, upstream: handler})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) })
+	r.srv.SetOverrides(Overrides{{Policy: "p", Rule: "slots", Identity: "acme"}: {Max: 7}})
+	// One request of acme holds a slot until released.
+	held := make(chan *http.Response, 1)
+	req, err := http.NewRequest("POST", r.front.URL+chatPath, strings.NewReader(`{"model":"m","max_tokens":100,"messages":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-team", "bob")
+	req.Header.Set("x-tier", "gold")
+	go func() {
+		resp, err := r.front.Client().Do(req)
+		if err == nil {
+			held <- resp
+		}
+		close(held)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	var got Usage
+	for {
+		var err error
+		got, err = r.srv.Usage(context.Background(), UsageQuery{Policy: "p", Identities: map[string]string{"team": "bob"}, Tier: "gold"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Rules[len(got.Rules)-1].Slot.InUse == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // polling the store, with the deadline above
+	}
+	want := []RuleUsage{
+		{Name: "team", Kind: KindBucket, Per: "team", Source: "tier", Bucket: got.Rules[0].Bucket},
+		{Name: "global", Kind: KindBucket, Source: "rule", Bucket: got.Rules[1].Bucket},
+		{Name: "slots", Kind: KindConcurrency, Per: "team", Source: "tier", Slot: &SlotUsage{Max: 3, InUse: 1}},
+	}
+	if d := cmp.Diff(want, got.Rules); d != "" {
+		t.Errorf("usage (-want +got):\n%s", d)
+	}
+	if b := got.Rules[0].Bucket; b.Limit.Capacity != 5000 || math.Abs(b.Remaining-(5000-110)) > 0.01 {
+		t.Errorf("team bucket %+v; want the gold tier's 5000 less the held request's 110", b)
+	}
+	got, err = r.srv.Usage(context.Background(), UsageQuery{Policy: "p", Identities: map[string]string{"team": "acme"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := got.Rules[len(got.Rules)-1]; s.Source != "override" || s.Slot.Max != 7 || s.Slot.InUse != 0 {
+		t.Errorf("acme's slots: %+v %+v", s, s.Slot)
+	}
+	release.Do(func() { close(hold) })
+	if resp := <-held; resp != nil {
+		resp.Body.Close()
+	}
+	r.outcome(t)
 }
 
 // Reload applies to requests that start afterwards; a stream in flight

@@ -61,3 +61,31 @@ func TestFreeEndpointPassesUnmetered(t *testing.T) {
 		t.Errorf("reservations made for free endpoints: %q", r.store.keys)
 	}
 }
+
+// An override of a per-model rule names the model as an operator writes
+// it; ModelKey resolves it as a request's model is resolved, so any
+// spelling of the model meets it (S10).
+func TestPerModelOverrideMeetsEverySpelling(t *testing.T) {
+	counter, err := tokenizer.New(tokenizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := Policy{Name: "p", Buckets: []BucketRule{{Name: "model", Per: perModel, Limit: buckets.Limit{Capacity: 1e6, Rate: 1}}}}
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte(
+		`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`)}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, tokenizer: counter, msgTimeout: 10 * time.Second})
+	r.srv.SetOverrides(Overrides{{Policy: "p", Rule: "model", Identity: ModelKey("OpenAI/GPT-4o-2024-08-06")}: {Limit: buckets.Limit{Capacity: 777, Rate: 1}}})
+	for _, m := range []string{"gpt-4o", "GPT-4o", "openai/gpt-4o", "gpt-4o-2024-11-20", "ft:gpt-4o:org::x"} {
+		resp, body := r.post(t, chatPath, `{"model":"`+m+`","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d: %s", m, resp.StatusCode, body)
+		}
+		r.outcome(t)
+		if got := resp.Header.Get(headerLimit); got != "777" {
+			t.Errorf("%s: limit %q, want the override's 777", m, got)
+		}
+	}
+	if ModelKey("") != "" || ModelKey("gpt-4o-mini") == ModelKey("gpt-4o") {
+		t.Error("ModelKey folds what it must not")
+	}
+}

@@ -345,7 +345,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 // it keeps it, until it calls leaveQueue, only if it is to wait.
 func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), err error) {
 	req := buckets.Request{ID: randomID(), Cost: float64(cost), Priority: p.req.priority, Lifetime: p.s.cfg.reservationLifetime()}
-	req.Buckets, req.Quotas = p.limits(false)
+	req.Buckets, req.Quotas = p.limits()
 	for _, b := range req.Buckets {
 		p.req.hard = p.req.hard || b.Hard
 	}
@@ -374,30 +374,6 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 		}
 	}
 	return d, leaveQueue, err
-}
-
-// limits are the buckets and quotas of the policy's chain for this
-// request's identities and model, keyed as keys.go describes: what a
-// request reserves and what Server.Usage shows. withoutModel leaves out
-// the rules kept per model (Usage without a model).
-func (p *processor) limits(withoutModel bool) ([]buckets.Bucket, []buckets.Quota) {
-	bs := make([]buckets.Bucket, 0, len(p.pol.Buckets))
-	for _, r := range p.pol.Buckets {
-		if withoutModel && r.Per == perModel {
-			continue
-		}
-		bs = append(bs, p.bucket(r))
-	}
-	var qs []buckets.Quota
-	for _, r := range p.pol.Quotas {
-		if withoutModel && r.Per == perModel {
-			continue
-		}
-		qs = append(qs, buckets.Quota{
-			Name: r.Name, Key: p.key(r.Name, r.Per, false), Window: r.Window, Unit: r.Unit, Limit: r.Limit, Hard: r.Hard,
-		})
-	}
-	return bs, qs
 }
 
 // rewrite returns the request body with include_usage asked for (S15) and

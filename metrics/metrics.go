@@ -1,7 +1,8 @@
 // Package metrics exports what tokengate does as Prometheus metrics (S24):
 // decisions by reason, tokens reserved and settled, the estimate error, cut-
-// offs, stream outcomes, spend and exhaustion of quotas, and the bucket
-// store's latency, errors and fallback answers.
+// offs, stream outcomes, spend and exhaustion of quotas, the bucket store's
+// latency, errors and fallback answers, configuration reloads and limit
+// overrides.
 //
 // Labels come from configuration names only (policy, model family, store
 // operation), never from users or API keys, so their number stays bounded.
@@ -45,6 +46,7 @@ type Metrics struct {
 	quotaTokens   *prometheus.CounterVec
 	quotaMoney    *prometheus.CounterVec
 	exhausted     *prometheus.CounterVec
+	limits        limitMetrics
 }
 
 // New registers tokengate's collectors on reg.
@@ -145,6 +147,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
 		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven,
 		m.gateways, m.fallbackRate, m.clamped, m.unread, m.quotaTokens, m.quotaMoney, m.exhausted)
+	m.limits = newLimitMetrics()
+	reg.MustRegister(m.limits.collectors()...)
 	m.storeUp.Set(1)
 	return m
 }
@@ -365,4 +369,17 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 	st, q, err := in.Inspect(ctx, bs, qs)
 	s.observe("inspect", start, err)
 	return st, q, err
+}
+
+// InUse implements buckets.Inspector; a wrapped store that cannot inspect
+// answers an error wrapping errors.ErrUnsupported.
+func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
+	in, ok := s.Store.(buckets.Inspector)
+	if !ok {
+		return nil, fmt.Errorf("metrics: in use: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	n, err := in.InUse(ctx, ss)
+	s.observe("inspect", start, err)
+	return n, err
 }

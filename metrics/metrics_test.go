@@ -197,6 +197,10 @@ func TestInspectThroughInstrumentedStore(t *testing.T) {
 	if err != nil || len(states) != 1 || states[0].Remaining != 10 || len(quotas) != 0 {
 		t.Fatalf("Inspect = %+v, %+v, %v", states, quotas, err)
 	}
+	held, err := s.InUse(context.Background(), []buckets.Slot{{Name: "s", Key: "s", Max: 1}})
+	if err != nil || len(held) != 1 || held[0] != 0 {
+		t.Fatalf("InUse = %v, %v", held, err)
+	}
 	if n := testutil.CollectAndCount(m.storeLatency); n != 1 {
 		t.Errorf("latency series = %d, want 1 (inspect)", n)
 	}

@@ -11,9 +11,12 @@
 // micro-unit once, at the end of the request (Price.Cost): never less than
 // the provider bills, less than one micro-unit more, and sums never drift.
 //
-// Models resolve by canonical name (CanonicalModel: case, router prefixes),
-// then aliases, then by the model a dated snapshot belongs to
-// ("gpt-4o-2024-08-06" is priced as "gpt-4o"). A model the table does not
+// Models resolve by canonical name (modelname.Canonical: case, router
+// prefixes), then aliases, then by the model a snapshot belongs to
+// (modelname.Snapshot: "gpt-4o-2024-08-06" is priced as "gpt-4o"): the
+// rule the tokenizer reads model names by. A fine-tune is a model of its
+// own, never priced as its base model, whose rates it does not share. A
+// model the table does not
 // price is refused with ErrUnpriced, or priced at a configured fallback:
 // the operator chooses (Config.UnknownModels).
 //

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/modelname"
 )
 
 // ErrUnpriced is wrapped by the error for a model the table has no price
@@ -24,8 +26,9 @@ var ErrUnpriced = errors.New("no price for model")
 // discount or surcharge), CacheWriteExtended to CacheWrite, Reasoning to
 // Output (reasoning billed as output, as by every provider today).
 type Entry struct {
-	// Model is the name requests use, matched case-insensitively after
-	// CanonicalModel; dated snapshots of it match too.
+	// Model is the name requests use, matched as modelname.Canonical
+	// reads it (case and router prefixes do not matter); its snapshots
+	// match too.
 	Model string `yaml:"model"`
 	// Aliases are other names that resolve to this entry, such as an Azure
 	// OpenAI deployment name.
@@ -136,7 +139,7 @@ func (p *problems) rates(path string, input, cachedInput, cacheWrite, cacheWrite
 // price checks one entry at path (with a trailing dot, or empty) and
 // resolves it. provenance requires Source and Date.
 func (p *problems) price(path string, e Entry, provenance bool) Price {
-	pr := Price{Model: CanonicalModel(e.Model), Source: e.Source, Date: e.Date}
+	pr := Price{Model: modelname.Canonical(e.Model), Source: e.Source, Date: e.Date}
 	switch {
 	case e.Model == "":
 		p.add(path+"model", "required: the model name requests use, such as gpt-4o")
@@ -144,7 +147,7 @@ func (p *problems) price(path string, e Entry, provenance bool) Price {
 		p.add(path+"model", "%q: a model name has no spaces", e.Model)
 	}
 	for i, a := range e.Aliases {
-		if CanonicalModel(a) == "" {
+		if modelname.Canonical(a) == "" {
 			p.add(fmt.Sprintf("%saliases[%d]", path, i), "empty alias")
 		}
 	}
@@ -230,7 +233,7 @@ func (p *problems) build(currency string, entries []Entry, named int, provenance
 		take(i, path+"model", pr.Model)
 		t.prices[pr.Model] = pr
 		for k, a := range e.Aliases {
-			a = CanonicalModel(a)
+			a = modelname.Canonical(a)
 			take(i, fmt.Sprintf("%saliases[%d]", path, k), a)
 			if _, ok := t.prices[a]; !ok {
 				t.prices[a] = pr
@@ -272,12 +275,12 @@ func (t *Table) Merge(overrides []Entry) (*Table, error) {
 func (t *Table) merge(p *problems, overrides []Entry) *Table {
 	replaced := map[string]bool{}
 	for _, o := range overrides {
-		replaced[CanonicalModel(o.Model)] = true
+		replaced[modelname.Canonical(o.Model)] = true
 	}
 	// Overrides come first, so that problem paths index them.
 	merged := slices.Clone(overrides)
 	for _, e := range t.entries {
-		if !replaced[CanonicalModel(e.Model)] {
+		if !replaced[modelname.Canonical(e.Model)] {
 			merged = append(merged, e)
 		}
 	}
@@ -298,11 +301,14 @@ func (t *Table) WithFallback(fallback Price) *Table {
 // alias, else by the model a dated snapshot belongs to. ok is false when
 // the table has no entry; the fallback does not apply here.
 func (t *Table) Price(model string) (Price, bool) {
-	m := CanonicalModel(model)
+	m := modelname.Canonical(model)
 	if p, ok := t.prices[m]; ok {
 		return p, true
 	}
-	if family, ok := snapshotFamily(m); ok {
+	// A fine-tune ("ft:gpt-4o-mini:org::id") is not its base model here,
+	// unlike for the tokenizer and per-model limits: it is billed at rates
+	// of its own (modelname's package documentation says why).
+	if family, ok := modelname.Snapshot(m); ok {
 		p, ok := t.prices[family]
 		return p, ok
 	}

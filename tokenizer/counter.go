@@ -25,6 +25,8 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
+
+	"github.com/tokengate/tokengate/internal/modelname"
 )
 
 // Options configures a Counter. The zero value counts known OpenAI models
@@ -192,17 +194,11 @@ var modelPrefixes = []struct{ prefix, encoding string }{
 }
 
 // normalizeModel lower-cases a model name and strips what does not change
-// its tokenizer: a router prefix ("openai/gpt-4o"), a fine-tune wrapper
-// ("ft:gpt-4o-mini:org::id"), a Gemini resource path ("models/...").
+// its tokenizer: a router prefix ("openai/gpt-4o"), a Gemini resource path
+// ("models/..."), a fine-tune wrapper ("ft:gpt-4o-mini:org::id"). The rule
+// is modelname's, which pricing shares.
 func normalizeModel(model string) string {
-	m := strings.ToLower(strings.TrimSpace(model))
-	if rest, ok := strings.CutPrefix(m, "ft:"); ok {
-		m, _, _ = strings.Cut(rest, ":")
-	}
-	if i := strings.LastIndexByte(m, '/'); i >= 0 {
-		m = m[i+1:]
-	}
-	return m
+	return modelname.Base(modelname.Canonical(model))
 }
 
 // familyOf reports the tokenizer family of a normalized model name.

@@ -518,3 +518,21 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 	}
 	return st, q, err
 }
+
+// InUse implements buckets.Inspector through the primary, as Inspect does:
+// the leases held across the fleet. During an outage the error wraps
+// buckets.ErrStore.
+func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
+	in, ok := s.primary.(buckets.Inspector)
+	if !ok {
+		return nil, fmt.Errorf("failover: in use: %T: %w", s.primary, errors.ErrUnsupported)
+	}
+	if s.skipPrimary() {
+		return nil, fmt.Errorf("failover: in use: the store is unreachable: %w", buckets.ErrStore)
+	}
+	n, err := in.InUse(ctx, ss)
+	if !s.failed(ctx, err) && err == nil {
+		s.succeeded()
+	}
+	return n, err
+}

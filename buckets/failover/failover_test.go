@@ -450,6 +450,7 @@ func TestInspectThroughPrimary(t *testing.T) {
 		}
 		r := req("q", 5)
 		r.Quotas = []buckets.Quota{{Name: "daily", Key: "q1", Window: w, Limit: 50}}
+		r.Slots = []buckets.Slot{{Name: "s", Key: "s1", Max: 2, Lease: time.Minute}}
 		if d, err := s.Reserve(ctx, r); err != nil || !d.OK {
 			t.Fatalf("Reserve = %+v, %v", d, err)
 		}
@@ -457,12 +458,18 @@ func TestInspectThroughPrimary(t *testing.T) {
 		if err != nil || bs[0].Remaining != 95 || qs[0].Spent != 5 {
 			t.Fatalf("mode %v: Inspect = %+v, %+v, %v; want 95 left and 5 spent", mode, bs, qs, err)
 		}
+		if n, err := s.InUse(ctx, r.Slots); err != nil || len(n) != 1 || n[0] != 1 {
+			t.Fatalf("mode %v: InUse = %v, %v; want one lease held", mode, n, err)
+		}
 		p.down = true
 		if _, err := s.Reserve(ctx, req("x", 1)); err == nil && mode == Closed {
 			t.Fatal("Reserve during outage succeeded failing closed")
 		}
 		if _, _, err := s.Inspect(ctx, r.Buckets, r.Quotas); !errors.Is(err, buckets.ErrStore) {
 			t.Errorf("mode %v: Inspect during outage = %v; want ErrStore", mode, err)
+		}
+		if _, err := s.InUse(ctx, r.Slots); !errors.Is(err, buckets.ErrStore) {
+			t.Errorf("mode %v: InUse during outage = %v; want ErrStore", mode, err)
 		}
 		p.down = false
 		c.t = c.t.Add(time.Second)

@@ -985,6 +985,17 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 	return states, quotas, nil
 }
 
+// InUse implements buckets.Inspector through the inner store: concurrency
+// slots are never leased, so what the shared store holds is what a request
+// here would meet.
+func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
+	in, ok := s.inner.(buckets.Inspector)
+	if !ok {
+		return nil, fmt.Errorf("lease: in use: %T: %w", s.inner, errors.ErrUnsupported)
+	}
+	return in.InUse(ctx, ss)
+}
+
 // Pause implements buckets.Store (S18). What this gateway holds of the
 // bucket goes back first, so that the pause empties it all; other
 // gateways' leases run out before they see the pause.

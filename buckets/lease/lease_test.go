@@ -29,6 +29,19 @@ func TestLeasedVectors(t *testing.T) { bucketstest.RunLeased(t, openMemory, buck
 
 func TestLeaseFleet(t *testing.T) { bucketstest.RunLeaseFleet(t, openMemory) }
 
+// TestInspectSlots: a lease store shows what its inner store holds, and
+// slots, never leased, pass through.
+func TestInspectSlots(t *testing.T) {
+	bucketstest.RunInspectSlots(t, func(t *testing.T, clock *bucketstest.Clock, n int) []buckets.Store {
+		m := buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now})
+		stores := make([]buckets.Store, n)
+		for i := range stores {
+			stores[i] = lease.New(m, m, lease.Options{Now: clock.Now, SweepEvery: -1})
+		}
+		return stores
+	})
+}
+
 // lender counts the lease calls made to a memory store, and fails them
 // while fail is set (answering, as a dead Redis would, an error wrapping
 // buckets.ErrStore with nothing done).

@@ -21,6 +21,7 @@ import (
 	"github.com/tokengate/tokengate/buckets/redisstore"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
+	"github.com/tokengate/tokengate/pricing"
 )
 
 // liveState is what serve changes while it runs: the configuration in
@@ -28,7 +29,7 @@ import (
 // admin API that writes them and reports usage.
 type liveState struct {
 	cfg       atomic.Pointer[config.Config]
-	raw       buckets.Store // the bucket store itself, unwrapped: usage reads it
+	raw       buckets.Store // the bucket store itself, unwrapped: it keeps the overrides
 	overrides overrideStore
 	live      *liveLimits
 	// token is the admin API's bearer token; nil disables the API.
@@ -46,7 +47,7 @@ func (p *parts) buildLimits(ctx context.Context, cfg *config.Config, logger *slo
 	} else {
 		p.overrides = &buckets.MemoryOverrides{}
 	}
-	p.live = newLiveLimits(p.overrides, p.server, cfg, logger, p.registry)
+	p.live = newLiveLimits(p.overrides, p.server, cfg, logger, p.metrics)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := p.live.sync(sctx); err != nil {
@@ -342,46 +343,50 @@ func (p *parts) listLimits(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// inspector reads bucket levels and held slots without writing: the memory
-// and Redis stores (buckets.Memory, redisstore.Store).
-type inspector interface {
-	Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Quota) ([]buckets.BucketState, []buckets.QuotaState, error)
-	InUse(ctx context.Context, ss []buckets.Slot) ([]int, error)
-}
-
 // usageReport is the answer of GET /v1/usage.
 type usageReport struct {
 	Policy     string            `json:"policy"`
 	Identities map[string]string `json:"identities"` // stored forms: hashed for hashed identities
 	Model      string            `json:"model,omitempty"`
 	Tier       string            `json:"tier,omitempty"`
-	Rules      []usageRule       `json:"rules"`
+	// Currency is the unit of quotas of money.
+	Currency string      `json:"currency,omitempty"`
+	Rules    []usageRule `json:"rules"`
 }
 
+// usageRule is one rule of a usage report. Amounts of money are in units of
+// the currency (exact to the micro-unit).
 type usageRule struct {
-	Rule   string        `json:"rule"`
-	Kind   string        `json:"kind"` // bucket or concurrency
-	Per    string        `json:"per,omitempty"`
-	Source string        `json:"source"` // where the limit comes from: rule, tier or override
-	Limit  config.Limits `json:"limit"`
+	Rule   string `json:"rule"`
+	Kind   string `json:"kind"` // bucket, quota or concurrency
+	Per    string `json:"per,omitempty"`
+	Source string `json:"source"` // where the limit comes from: rule, tier or override
+	// Limit is the limit in force, in the words of an override: a
+	// bucket's tokens_per_minute and burst, a quota's tokens or cost, a
+	// concurrency limit's max.
+	Limit config.Limits `json:"limit"`
+	// Unit is what a quota counts: "tokens", or the currency's code.
+	Unit string `json:"unit,omitempty"`
 	// Remaining is tokens for a bucket, free slots for a concurrency
-	// limit.
+	// limit, what is left of the window's budget for a quota (below zero
+	// when the window is overspent).
 	Remaining float64 `json:"remaining"`
-	InUse     *int    `json:"in_use,omitempty"`
-	// Reset is when a bucket is full again.
+	// Spent is what a quota's current window has spent, reservations of
+	// requests in flight included.
+	Spent *float64 `json:"spent,omitempty"`
+	// Window names a quota's current window (2026-03, 2026-W13,
+	// 2026-03-31).
+	Window string `json:"window,omitempty"`
+	InUse  *int   `json:"in_use,omitempty"`
+	// Reset is when a bucket is full again, or a quota's window ends.
 	Reset        *time.Time `json:"reset,omitempty"`
 	ResetSeconds *float64   `json:"reset_seconds,omitempty"`
 }
 
 // usage answers GET /v1/usage?policy=P&identity=NAME=VALUE...: per rule of
-// the chain those requests pass, its limit in force, what remains and when
-// it is full again.
+// the chain those requests pass, its limit in force, what remains, what a
+// quota's window has spent and when it resets.
 func (p *parts) usage(w http.ResponseWriter, r *http.Request) {
-	in, ok := p.raw.(inspector)
-	if !ok {
-		fail(w, http.StatusNotImplemented, "not_supported", "this bucket store cannot report usage")
-		return
-	}
 	cfg, q := p.cfg.Load(), r.URL.Query()
 	policy := q.Get("policy")
 	if policy == "" {
@@ -422,48 +427,62 @@ func (p *parts) usage(w http.ResponseWriter, r *http.Request) {
 		}
 		rep.Identities[name] = key
 	}
-	chain, err := p.server.Chain(extproc.ChainQuery{Policy: policy, Identities: rep.Identities, Model: rep.Model, Tier: rep.Tier})
-	if err != nil {
-		fail(w, http.StatusBadRequest, "invalid_query", "%v", err)
+	u, err := p.server.Usage(r.Context(), extproc.UsageQuery{Policy: policy, Identities: rep.Identities, Model: rep.Model, Tier: rep.Tier})
+	switch {
+	case errors.Is(err, extproc.ErrUnknownPolicy):
+		// The configuration was reloaded meanwhile.
+		fail(w, http.StatusNotFound, "not_found", "policy %q is not defined", policy)
 		return
-	}
-	var bs []buckets.Bucket
-	var ss []buckets.Slot
-	for _, c := range chain {
-		if c.Bucket != nil {
-			bs = append(bs, *c.Bucket)
-		} else {
-			ss = append(ss, *c.Slot)
-		}
-	}
-	states, _, err := in.Inspect(r.Context(), bs, nil)
-	if err != nil {
+	case errors.Is(err, extproc.ErrUnknownIdentity):
+		fail(w, http.StatusBadRequest, "invalid_identity", "%v", err)
+		return
+	case errors.Is(err, errors.ErrUnsupported):
+		fail(w, http.StatusNotImplemented, "not_supported", "this bucket store cannot report usage")
+		return
+	case err != nil:
 		p.storeFailed(w, err)
 		return
 	}
-	held, err := in.InUse(r.Context(), ss)
-	if err != nil {
-		p.storeFailed(w, err)
-		return
-	}
-	now := time.Now()
-	for _, c := range chain {
-		u := usageRule{Per: c.Per, Source: c.Source}
-		if c.Bucket != nil {
-			st := states[0]
-			states = states[1:]
-			reset, secs := now.Add(st.Reset).UTC().Truncate(time.Millisecond), st.Reset.Seconds()
-			u.Rule, u.Kind, u.Remaining, u.Reset, u.ResetSeconds = c.Bucket.Name, "bucket", st.Remaining, &reset, &secs
-			// Rounded to a millionth: a rate per second back to per minute
-			// is not exact in binary.
-			u.Limit = config.Limits{TokensPerMinute: math.Round(st.Limit.Rate*60*1e6) / 1e6, Burst: st.Limit.Capacity}
-		} else {
-			n := held[0]
-			held = held[1:]
-			u.Rule, u.Kind, u.Remaining, u.InUse = c.Slot.Name, "concurrency", float64(max(c.Slot.Max-n, 0)), &n
-			u.Limit = config.Limits{Max: c.Slot.Max}
-		}
-		rep.Rules = append(rep.Rules, u)
+	rep.Currency = u.Currency
+	for _, ru := range u.Rules {
+		rep.Rules = append(rep.Rules, usageRuleOf(ru, u))
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// usageRuleOf is one rule of u in the report's terms.
+func usageRuleOf(ru extproc.RuleUsage, u extproc.Usage) usageRule {
+	out := usageRule{Rule: ru.Name, Kind: ru.Kind, Per: ru.Per, Source: ru.Source}
+	reset := func(d, precision time.Duration) {
+		at, secs := u.At.Add(d).UTC().Round(precision), d.Seconds()
+		out.Reset, out.ResetSeconds = &at, &secs
+	}
+	switch {
+	case ru.Bucket != nil:
+		st := ru.Bucket
+		// Rounded to a millionth: a rate per second back to per minute is
+		// not exact in binary.
+		out.Limit = config.Limits{TokensPerMinute: math.Round(st.Limit.Rate*60*1e6) / 1e6, Burst: st.Limit.Capacity}
+		out.Remaining = st.Remaining
+		reset(st.Reset, time.Millisecond)
+	case ru.Quota != nil:
+		st := ru.Quota
+		spent := st.Spent
+		out.Unit, out.Window, out.Remaining = "tokens", st.Window, st.Remaining
+		out.Limit = config.Limits{Tokens: int(st.Limit)}
+		if st.Unit == buckets.Money {
+			// Micro-units to units: exact in decimal for any amount below
+			// a billion (15 significant digits).
+			out.Unit, out.Remaining, spent = u.Currency, st.Remaining/1e6, spent/1e6
+			out.Limit = config.Limits{Cost: config.Amount(pricing.Micros(st.Limit).String())}
+		}
+		out.Spent = &spent
+		// A window ends on a whole second (time zones' offsets are whole
+		// seconds); the store read its clock a moment after At.
+		reset(st.Reset, time.Second)
+	case ru.Slot != nil:
+		n := ru.Slot.InUse
+		out.Limit, out.Remaining, out.InUse = config.Limits{Max: ru.Slot.Max}, float64(max(ru.Slot.Max-n, 0)), &n
+	}
+	return out
 }

@@ -238,7 +238,10 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 		if cp.Wait != nil {
 			p.MaxWait, p.MaxQueue = cp.Wait.MaxWait, cp.Wait.MaxQueue
 		}
-		p.Tier, p.Tiers = tiers(cp)
+		var err error
+		if p.Tier, p.Tiers, err = tiers(cp); err != nil {
+			return nil, fmt.Errorf("policies[%d]: %w", i, err)
+		}
 		for _, id := range cp.Identities {
 			p.Identities = append(p.Identities, extproc.Identity{
 				Name: id.Name, Header: id.Header, Metadata: id.Metadata, Path: id.Path, Hash: id.Hash,

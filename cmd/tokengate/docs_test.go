@@ -200,9 +200,10 @@ var (
 	readmeMetric = regexp.MustCompile("`(tokengate_[a-z_]+)(\\{([a-z_,]*)\\})?`")
 )
 
-// The README's metrics table lists exactly the metrics the code registers,
-// each with its labels.
-func TestReadmeMetrics(t *testing.T) {
+// registeredMetrics are the metrics package metrics registers, by name,
+// with their labels.
+func registeredMetrics(t *testing.T) map[string]string {
+	t.Helper()
 	rec := &descRecorder{Registerer: prometheus.NewRegistry()}
 	metrics.New(rec)
 	code := map[string]string{}
@@ -214,6 +215,43 @@ func TestReadmeMetrics(t *testing.T) {
 		}
 		code[name[1]] = labels[1]
 	}
+	return code
+}
+
+// Every tokengate metric that serve exports is registered by package
+// metrics, so that TestReadmeMetrics sees it: none is registered
+// elsewhere.
+func TestServeExportsOnlyPackageMetrics(t *testing.T) {
+	bin := tokengateBinary(t)
+	file := filepath.Join(t.TempDir(), "tokengate.yaml")
+	if err := os.WriteFile(file, []byte(liveConfig("store: {type: memory}", 1000)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startServe(t, bin, []string{"TG_TEST_ADMIN_TOKEN=" + adminToken}, "--config", file)
+	body, err := getBody(p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := registeredMetrics(t)
+	seen := 0
+	for _, m := range regexp.MustCompile(`(?m)^# HELP (tokengate_[a-z_]+) `).FindAllStringSubmatch(body, -1) {
+		seen++
+		if _, ok := code[m[1]]; !ok {
+			t.Errorf("serve exports %s, which package metrics does not register (the README's table cannot be checked against it)", m[1])
+		}
+	}
+	// The metrics that exist before any request: the store's health, the
+	// reload counter, the overrides in force.
+	if seen < 4 {
+		t.Errorf("serve exported %d tokengate metrics before any request:\n%s", seen, body)
+	}
+	p.stop(t)
+}
+
+// The README's metrics table lists exactly the metrics the code registers,
+// each with its labels.
+func TestReadmeMetrics(t *testing.T) {
+	code := registeredMetrics(t)
 	md := readMarkdown(t, filepath.Join(repoRoot, "README.md"))
 	section := md.sections["Operating it"]
 	i := strings.Index(section, "<!-- metrics:")

@@ -2,15 +2,15 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
+	"github.com/tokengate/tokengate/metrics"
 )
 
 // overridePoll is how often a gateway reads the override store's version:
@@ -37,8 +37,9 @@ type liveLimits struct {
 	store  overrideStore
 	server *extproc.Server
 	logger *slog.Logger
-	count  *prometheus.GaugeVec // overrides in force, by source
-	errs   prometheus.Counter   // failed reads of the store
+	// metrics counts the overrides in force and failed reads of the
+	// store.
+	metrics *metrics.Metrics
 
 	// syncMu orders syncs (the poll's and the admin API's), so that an
 	// older read is never applied after a newer one.
@@ -49,18 +50,8 @@ type liveLimits struct {
 	loaded bool
 }
 
-func newLiveLimits(store overrideStore, server *extproc.Server, cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer) *liveLimits {
-	l := &liveLimits{store: store, server: server, cfg: cfg, logger: logger,
-		count: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tokengate_limit_overrides",
-			Help: "Per-identity limit overrides in force, by where they come from: file (the configuration) or store (the admin API).",
-		}, []string{"source"}),
-		errs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tokengate_limit_overrides_read_errors_total",
-			Help: "Failed reads of the override store; the overrides last read stay in force.",
-		}),
-	}
-	reg.MustRegister(l.count, l.errs)
+func newLiveLimits(store overrideStore, server *extproc.Server, cfg *config.Config, logger *slog.Logger, m *metrics.Metrics) *liveLimits {
+	l := &liveLimits{store: store, server: server, cfg: cfg, logger: logger, metrics: m}
 	l.mu.Lock()
 	l.applyLocked()
 	l.mu.Unlock()
@@ -121,7 +112,7 @@ func (l *liveLimits) run(ctx context.Context, every time.Duration) {
 		case err != nil && ctx.Err() != nil:
 			return
 		case err != nil:
-			l.errs.Inc()
+			l.metrics.OverrideReadFailed()
 			if !failing {
 				l.logger.Warn("limit overrides not read from the store; those last read stay in force", "err", err)
 			}
@@ -145,11 +136,15 @@ func (l *liveLimits) applyLocked() {
 			if err != nil {
 				continue // a loaded configuration has none such
 			}
+			ov, err := override(o.Limits)
+			if err != nil {
+				continue // a loaded configuration has none such
+			}
 			id := o.IdentityKey
 			if id == "" {
 				id = identityKey(t, o.Identity)
 			}
-			table[extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}] = override(o.Limits)
+			table[extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}] = ov
 			file++
 		}
 	}
@@ -159,17 +154,20 @@ func (l *liveLimits) applyLocked() {
 		if err == nil {
 			err = l.cfg.CheckOverride(k.Policy, k.Rule, lim)
 		}
+		var ov extproc.Override
+		if err == nil {
+			ov, err = override(lim)
+		}
 		if err != nil {
 			l.logger.Warn("a stored limit override does not fit the configuration and is not applied; remove it with tokengate limits rm",
 				"policy", k.Policy, "rule", k.Rule, "err", err)
 			continue
 		}
-		table[extproc.OverrideKey(k)] = override(lim)
+		table[extproc.OverrideKey(k)] = ov
 		stored++
 	}
 	l.server.SetOverrides(table)
-	l.count.WithLabelValues("file").Set(float64(file))
-	l.count.WithLabelValues("store").Set(float64(stored))
+	l.metrics.OverridesInForce(file, stored)
 }
 
 // identityKey is the form an identity value given by an operator takes in
@@ -181,24 +179,33 @@ func identityKey(t config.OverrideTarget, value string) string {
 	return extproc.IdentityKey(value, t.Hash)
 }
 
-// override maps validated limits onto the server's terms.
-func override(l config.Limits) extproc.Override {
-	return extproc.Override{Limit: l.Limit(), Max: l.Max}
+// override maps validated limits onto the server's terms. The error says
+// why a cost is not an amount, which validated limits never have.
+func override(l config.Limits) (extproc.Override, error) {
+	tokens, money, err := l.Budgets()
+	if err != nil {
+		return extproc.Override{}, err
+	}
+	return extproc.Override{Limit: l.Limit(), Max: l.Max, Tokens: tokens, Money: money}, nil
 }
 
 // tiers maps a policy's tier source and tiers onto the server's terms.
-func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override) {
+func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override, error) {
 	if cp.Tier == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	src := &extproc.Identity{Name: "tier", Header: cp.Tier.Header, Metadata: cp.Tier.Metadata, Path: cp.Tier.Path}
 	out := make(map[string]map[string]extproc.Override, len(cp.Tiers))
 	for _, t := range cp.Tiers {
 		rules := make(map[string]extproc.Override, len(t.Limits))
 		for _, rl := range t.Limits {
-			rules[rl.Rule] = override(rl.Limits)
+			ov, err := override(rl.Limits)
+			if err != nil {
+				return nil, nil, fmt.Errorf("tier %q, rule %q: %w", t.Name, rl.Rule, err)
+			}
+			rules[rl.Rule] = ov
 		}
 		out[t.Name] = rules
 	}
-	return src, out
+	return src, out, nil
 }

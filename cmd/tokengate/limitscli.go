@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -26,9 +27,11 @@ a change within a second, without a restart.
   get [POLICY [RULE IDENTITY]]              list stored overrides, or show one
   rm POLICY RULE IDENTITY                   remove an override: the rule's limits apply again
 
-RULE names a bucket or a concurrency limit of POLICY (a bucket and a
-concurrency limit may share a name). FIELDs: tokens_per_minute and burst
-for a bucket (they replace its whole limit), max for a concurrency limit.
+RULE names a bucket, a quota or a concurrency limit of POLICY (a
+concurrency limit may share its name with a bucket or a quota). FIELDs:
+tokens_per_minute and burst for a bucket (they replace its whole limit),
+tokens for a quota of tokens and cost for a quota of money (its budget per
+window, in the pricing currency: cost=2000), max for a concurrency limit.
 set replaces the identity's override of RULE whole.
 
 IDENTITY is the value requests carry (for the Authorization header, the
@@ -44,8 +47,9 @@ The admin API's bearer token is read from the environment variable named by
 const usageHelp = `
 Prints what one identity has used and has left, per rule of its policy's
 chain: the limit in force (and where it comes from: the rule, a tier or an
-override), what remains and when the bucket is full again, and for
-concurrency limits the requests in flight.
+override) and what remains; for a bucket when it is full again, for a
+quota what its current window has spent and when the window ends, for a
+concurrency limit the requests in flight.
 
 IDENTITY is NAME=VALUE (team=acme), or the value alone when the policy has
 one identity. Rules keyed by an identity not given are left out; per-model
@@ -276,18 +280,33 @@ func runUsage(ctx context.Context, args []string, stdout io.Writer) error {
 	for k, v := range rep.Identities {
 		ids = append(ids, k+"="+v)
 	}
+	slices.Sort(ids)
 	fmt.Fprintf(stdout, "policy %s, %s\n", rep.Policy, strings.Join(ids, ", "))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tKIND\tSOURCE\tLIMIT\tREMAINING\tRESET\t")
 	for _, u := range rep.Rules {
+		reset := ""
+		if u.ResetSeconds != nil && u.Reset != nil {
+			reset = fmt.Sprintf("in %s (%s)", (time.Duration(*u.ResetSeconds * float64(time.Second))).Round(100*time.Millisecond), u.Reset.Format(time.RFC3339))
+		}
 		switch u.Kind {
 		case "bucket":
-			reset := "full"
-			if u.ResetSeconds != nil && *u.ResetSeconds > 0 && u.Reset != nil {
-				reset = fmt.Sprintf("in %.1fs (%s)", *u.ResetSeconds, u.Reset.Format(time.RFC3339))
+			if u.ResetSeconds == nil || *u.ResetSeconds <= 0 {
+				reset = "full"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s/min, burst %s\t%s\t%s\t\n", u.Rule, u.Kind, u.Source,
 				number(u.Limit.TokensPerMinute), number(u.Limit.Burst), number(u.Remaining), reset)
+		case "quota":
+			limit, amount := strconv.Itoa(u.Limit.Tokens)+" tokens", func(f float64) string { return number(f) + " tokens" }
+			if u.Limit.Cost != "" {
+				limit, amount = string(u.Limit.Cost)+" "+u.Unit, func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) + " " + u.Unit }
+			}
+			spent := 0.0
+			if u.Spent != nil {
+				spent = *u.Spent
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s in %s\t%s (%s spent)\t%s\t\n", u.Rule, u.Kind, u.Source,
+				limit, u.Window, amount(u.Remaining), amount(spent), reset)
 		default:
 			inUse := 0
 			if u.InUse != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,12 +29,15 @@ import (
 const adminToken = "test-admin-token"
 
 // liveConfig is the configuration of these tests (store is the store's
-// YAML): per team a bucket of teamBurst tokens and two slots, per hashed
-// API key a large bucket and eight slots, and a large global bucket, so that a team's bucket is the
-// most limiting one and its limit is what x-ratelimit-limit-tokens shows.
+// YAML): per team a bucket of teamBurst tokens, $100 a month and two
+// slots, per hashed API key a large bucket and eight slots, and a large
+// global bucket, so that a team's bucket is the most limiting one and its
+// limit is what x-ratelimit-limit-tokens shows. Every model costs $1 per
+// million input tokens and $2 per million output tokens.
 func liveConfig(store string, teamBurst int) string {
 	return store + `
 admin_api: {token_env: TG_TEST_ADMIN_TOKEN}
+pricing: {defaults: none, unknown_models: fallback, fallback: {input: "1.00", output: "2.00"}}
 policies:
   - name: default
     identities:
@@ -42,7 +46,9 @@ policies:
     tier: {header: x-tier}
     tiers:
       - name: gold
-        limits: [{rule: team, tokens_per_minute: 60000, burst: 3000}]
+        limits: [{rule: team, tokens_per_minute: 60000, burst: 3000}, {rule: team-monthly, cost: "500"}]
+    quotas:
+      - {name: team-monthly, per: team, window: month, timezone: Europe/Amsterdam, cost: "100"}
     buckets:
       - {name: team, per: team, tokens_per_minute: 60000, burst: ` + strconv.Itoa(teamBurst) + `}
       - {name: apikey, per: apikey, tokens_per_minute: 6000000}
@@ -64,6 +70,14 @@ func writeFile(t *testing.T, path, content string) {
 // returns its status and the limit header (S17).
 func chat(t *testing.T, front string, hdr map[string]string) (int, string) {
 	t.Helper()
+	st, h := chatHeaders(t, front, hdr)
+	return st, h.Get("x-ratelimit-limit-tokens")
+}
+
+// chatHeaders sends a small chat request through front with the given
+// headers and returns its status and response headers.
+func chatHeaders(t *testing.T, front string, hdr map[string]string) (int, http.Header) {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, front+"/v1/chat/completions",
 		strings.NewReader(`{"model":"gpt-4o-mini","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
@@ -82,7 +96,7 @@ func chat(t *testing.T, front string, hdr map[string]string) (int, string) {
 	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 		t.Fatal(err)
 	}
-	return resp.StatusCode, resp.Header.Get("x-ratelimit-limit-tokens")
+	return resp.StatusCode, resp.Header
 }
 
 // admin calls the admin API with the token (or another authorization).
@@ -146,9 +160,9 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 		{"PUT", "/v1/limits/default/team/acme", "Bearer wrong", `{"max":3}`, 401, `"code": "unauthorized"`},
 		{"GET", "/v1/usage?identity=team=acme", "", "", 401, `"code": "unauthorized"`},
 		{"PUT", "/v1/limits/nope/team/acme", bearer, `{"max":3}`, 404, `policy \"nope\" is not defined`},
-		{"PUT", "/v1/limits/default/nope/acme", bearer, `{"max":3}`, 404, `no bucket or concurrency limit named \"nope\"`},
+		{"PUT", "/v1/limits/default/nope/acme", bearer, `{"max":3}`, 404, `no bucket, quota or concurrency limit named \"nope\"`},
 		{"PUT", "/v1/limits/default/global/acme", bearer, `{"tokens_per_minute":3}`, 400, `\"global\" is global`},
-		{"PUT", "/v1/limits/default/team/acme", bearer, `{"tpm":3}`, 400, `unknown key \"tpm\" (known: burst, max, tokens_per_minute)`},
+		{"PUT", "/v1/limits/default/team/acme", bearer, `{"tpm":3}`, 400, `unknown key \"tpm\" (known: burst, cost, max, tokens, tokens_per_minute)`},
 		{"PUT", "/v1/limits/default/team/acme", bearer, `{"burst":-3}`, 400, `"field": "tokens_per_minute"`},
 		{"PUT", "/v1/limits/default/team/acme", bearer, `{}`, 400, `sets no limit`},
 		{"PUT", "/v1/limits/default/team/acme", bearer, strings.Repeat(" ", 20000), 413, `"code": "body_too_large"`},
@@ -204,10 +218,10 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("usage --json: %v\n%s", err, out)
 	}
-	if len(rep.Rules) != 3 {
-		t.Fatalf("usage of team=acme: %d rules, want team, global and the team's concurrency:\n%s", len(rep.Rules), out)
+	if len(rep.Rules) != 4 {
+		t.Fatalf("usage of team=acme: %d rules, want team, global, team-monthly and the team's concurrency:\n%s", len(rep.Rules), out)
 	}
-	team, global, slots := rep.Rules[0], rep.Rules[1], rep.Rules[2]
+	team, global, monthly, slots := rep.Rules[0], rep.Rules[1], rep.Rules[2], rep.Rules[3]
 	if team.Rule != "team" || team.Source != "override" || team.Limit.Burst != 5000 || team.Limit.TokensPerMinute != 120000 ||
 		!(team.Remaining < 5000) || team.Reset == nil || !(*team.ResetSeconds > 0) {
 		t.Errorf("team bucket: %+v", team)
@@ -217,6 +231,56 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 	}
 	if slots.Kind != "concurrency" || slots.Source != "override" || slots.Limit.Max != 4 || slots.InUse == nil || *slots.InUse != 0 || slots.Remaining != 4 {
 		t.Errorf("team slots: %+v", slots)
+	}
+	// acme's requests so far spent a few micro-units of its $100 month.
+	if monthly.Rule != "team-monthly" || monthly.Kind != "quota" || monthly.Source != "rule" || monthly.Limit.Cost != "100.00" || monthly.Unit != "USD" ||
+		monthly.Spent == nil || !(*monthly.Spent > 0 && *monthly.Spent < 0.001) || math.Abs(monthly.Remaining+*monthly.Spent-100) > 1e-9 ||
+		!regexp.MustCompile(`^\d{4}-\d{2}$`).MatchString(monthly.Window) || monthly.Reset == nil || !(*monthly.ResetSeconds > 0) {
+		t.Errorf("team-monthly quota: %+v", monthly)
+	}
+	ams, err := time.LoadLocation("Europe/Amsterdam")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end := monthly.Reset.In(ams); end.Day() != 1 || end.Hour() != 0 || end.Minute() != 0 || end.Second() != 0 || end.Nanosecond() != 0 {
+		t.Errorf("team-monthly resets at %v; want the first of a month at midnight in Amsterdam", end)
+	}
+
+	// A quota override: acme gets $2,000 a month, which its requests'
+	// budget headers show; a team with a cent's millionth can never be
+	// admitted; the gold tier gets $500.
+	out, err = cli(t, bin, "limits", "set", "--url", p.admin, "default", "team-monthly", "acme", "cost=2000")
+	if err != nil || !strings.Contains(out, `default/team-monthly/acme: {"cost":"2000"}`) {
+		t.Fatalf("limits set cost: %v\n%s", err, out)
+	}
+	budget := func(hdr map[string]string) (int, string) {
+		st, h := chatHeaders(t, front, hdr)
+		return st, h.Get("x-ratelimit-limit-budget") + " " + h.Get("x-ratelimit-unit-budget")
+	}
+	if st, b := budget(acme); st != 200 || b != "2000.00 USD" {
+		t.Errorf("acme after the quota override: %d, budget %q; want 2000.00 USD", st, b)
+	}
+	if st, b := budget(map[string]string{"x-team": "other", "x-tier": "gold"}); st != 200 || b != "500.00 USD" {
+		t.Errorf("a team of the gold tier: %d, budget %q; want the tier's 500.00 USD", st, b)
+	}
+	if out, err := cli(t, bin, "limits", "set", "--url", p.admin, "default", "team-monthly", "poor", "cost=0.000001"); err != nil {
+		t.Fatalf("limits set cost: %v\n%s", err, out)
+	}
+	if st, b := budget(map[string]string{"x-team": "poor", "x-tier": "gold"}); st != 413 || b != "0.000001 USD" {
+		t.Errorf("a team whose override is a millionth: %d, budget %q; want 413 (never admissible) under its own budget", st, b)
+	}
+	for _, tt := range []struct{ body, want string }{
+		{`{"tokens":5}`, `not a quota of tokens: set cost`},
+		{`{"cost":"$5"}`, `write the number without a currency sign`},
+		{`{"cost":true}`, `want an amount such as \"2000.50\"`},
+	} {
+		if st, body := admin(t, "PUT", p.admin+"/v1/limits/default/team-monthly/acme", bearer, tt.body); st != 400 || !strings.Contains(body, tt.want) {
+			t.Errorf("PUT %s: %d %s; want 400 with %s", tt.body, st, body, tt.want)
+		}
+	}
+	out, err = cli(t, bin, "usage", "--url", p.admin, "team=acme")
+	if err != nil || !regexp.MustCompile(`(?m)^team-monthly\s+quota\s+override\s+2000\.00 USD in \d{4}-\d{2}\s+[0-9.]+ USD \([0-9.]+ USD spent\)\s+in `).MatchString(out) {
+		t.Errorf("usage table with a quota: %v\n%s", err, out)
 	}
 	out, err = cli(t, bin, "usage", "--url", p.admin, "team=acme", "apikey=Bearer sk-secret-key")
 	if err != nil || !regexp.MustCompile(`(?m)^apikey\s+concurrency\s+override\s+max 1\s+1 free \(0 in use\)`).MatchString(out) ||
@@ -239,7 +303,7 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(m, "\ntokengate_limit_overrides{source=\"store\"} 1\n") {
+	if !strings.Contains(m, "\ntokengate_limit_overrides{source=\"store\"} 3\n") {
 		t.Errorf("metrics: %s", grepLines(m, "tokengate_limit_overrides"))
 	}
 	p.stop(t)
@@ -366,7 +430,7 @@ func TestConfigReload(t *testing.T) {
 
 // A limit changed through the admin API of one gateway applies on another
 // sharing Redis within one second, without a restart; and so does its
-// removal.
+// removal. So does a quota's budget, which decides admission.
 func TestOverrideReachesTheFleet(t *testing.T) {
 	bin := tokengateBinary(t)
 	srv := redistest.Start(t)
@@ -421,6 +485,36 @@ func TestOverrideReachesTheFleet(t *testing.T) {
 		t.Fatalf("DELETE on gateway B: %d %s", st, body)
 	}
 	delays = append(delays, within(frontA, "100000", changed))
+
+	// A quota override set on A changes admission on B: a budget of a
+	// millionth refuses acme's requests (413, never admissible), and its
+	// removal admits them again.
+	admitted := func(front string, want bool, since time.Time) time.Duration {
+		t.Helper()
+		for {
+			st, h := chatHeaders(t, front, acme)
+			took := time.Since(since)
+			if (st == 200) == want && (want || h.Get("x-ratelimit-limit-budget") == "0.000001") {
+				return took
+			}
+			if took > time.Second {
+				t.Fatalf("acme's request still %d (budget %q) %v after the quota change", st, h.Get("x-ratelimit-limit-budget"), took)
+			}
+			time.Sleep(5 * time.Millisecond) // polling the other gateway, with the deadline above
+		}
+	}
+	st, body = admin(t, "PUT", a.admin+"/v1/limits/default/team-monthly/acme", "Bearer "+adminToken, `{"cost":"0.000001"}`)
+	changed = time.Now()
+	if st != 200 {
+		t.Fatalf("PUT of a quota on gateway A: %d %s", st, body)
+	}
+	delays = append(delays, admitted(frontB, false, changed))
+	st, body = admin(t, "DELETE", a.admin+"/v1/limits/default/team-monthly/acme", "Bearer "+adminToken, "")
+	changed = time.Now()
+	if st != 200 {
+		t.Fatalf("DELETE of a quota on gateway A: %d %s", st, body)
+	}
+	delays = append(delays, admitted(frontB, true, changed))
 	slices.Sort(delays)
 	t.Logf("a change on one gateway applied on the other after %v (sorted; the store is polled every %v)", delays, overridePoll)
 	a.stop(t)

@@ -6,9 +6,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/metrics"
 )
 
 // reloadPoll is how often serve looks at its configuration file's size and
@@ -51,28 +50,12 @@ type reloader struct {
 	src    *reloadSource
 	parts  *parts
 	logger *slog.Logger
-	total  *prometheus.CounterVec
 }
 
-// Results of a reload, the values of tokengate_config_reload_total's label.
-const (
-	reloadApplied         = "applied"
-	reloadInvalid         = "invalid"
-	reloadRestartRequired = "restart_required"
-)
-
+// newReloader makes a reloader of p's configuration; it counts reloads in
+// tokengate_config_reload_total{result} (package metrics).
 func newReloader(src *reloadSource, p *parts, logger *slog.Logger) *reloader {
-	r := &reloader{src: src, parts: p, logger: logger,
-		total: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tokengate_config_reload_total",
-			Help: "Configuration reloads (SIGHUP or a changed file) by result: applied, invalid (refused: the file has problems) or restart_required (refused: it changes what only a restart applies).",
-		}, []string{"result"}),
-	}
-	for _, res := range []string{reloadApplied, reloadInvalid, reloadRestartRequired} {
-		r.total.WithLabelValues(res)
-	}
-	p.registry.MustRegister(r.total)
-	return r
+	return &reloader{src: src, parts: p, logger: logger}
 }
 
 // run reloads on SIGHUP and when the file changes, until ctx ends.
@@ -113,21 +96,21 @@ func (r *reloader) reload(trigger string) {
 		cfg, err = cfg.WithListeners(r.src.grpc, r.src.admin)
 	}
 	if err != nil {
-		r.total.WithLabelValues(reloadInvalid).Inc()
+		r.parts.metrics.Reloaded(metrics.ReloadInvalid)
 		log.Error("configuration not reloaded: it is invalid; the configuration in force keeps serving", "err", err.Error())
 		return
 	}
 	if keys := r.parts.cfg.Load().NeedsRestart(cfg); len(keys) > 0 {
-		r.total.WithLabelValues(reloadRestartRequired).Inc()
+		r.parts.metrics.Reloaded(metrics.ReloadRestartRequired)
 		log.Error("configuration not reloaded: it changes keys that only a restart applies (a reload applies policies and default_policy); the configuration in force keeps serving",
 			"keys", keys)
 		return
 	}
 	if err := r.parts.apply(cfg); err != nil {
-		r.total.WithLabelValues(reloadInvalid).Inc()
+		r.parts.metrics.Reloaded(metrics.ReloadInvalid)
 		log.Error("configuration not reloaded; the configuration in force keeps serving", "err", err.Error())
 		return
 	}
-	r.total.WithLabelValues(reloadApplied).Inc()
+	r.parts.metrics.Reloaded(metrics.ReloadApplied)
 	log.Info("configuration reloaded: new requests follow it", "policies", len(cfg.Policies), "default_policy", cfg.DefaultPolicy)
 }
