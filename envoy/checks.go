@@ -309,6 +309,9 @@ func (u *unit) checkHCM(h hcmAt) {
 	if u.partial {
 		return // Istio appends a MERGE's filters to the ones it has
 	}
+	if rc := h.hcm.GetRouteConfig(); rc != nil {
+		u.checkRouteClusters(joinPath(h.path, "route_config"), rc)
+	}
 	u.checkFilterOrder(h, len(names) > 0)
 	if len(names) == 0 {
 		return
@@ -319,6 +322,41 @@ func (u *unit) checkHCM(h hcmAt) {
 	}
 	if rc := h.hcm.GetRouteConfig(); rc != nil {
 		u.checkRoutes(joinPath(h.path, "route_config"), rc, &routeScope{names, enabledByDefault}, idle)
+	}
+}
+
+// checkRouteClusters checks, in a bootstrap, that every cluster an inline
+// route table sends to exists: Envoy validates the clusters of a static
+// route table by default (validate_clusters) and rejects the configuration
+// when one is missing, unless clusters may also come from CDS.
+func (u *unit) checkRouteClusters(path string, rc *routev3.RouteConfiguration) {
+	if u.bootstrap == nil || (rc.GetValidateClusters() != nil && !rc.GetValidateClusters().GetValue()) {
+		return
+	}
+	if u.bootstrap.GetDynamicResources().GetCdsConfig() != nil || u.bootstrap.GetDynamicResources().GetCdsResourcesLocator() != "" {
+		return
+	}
+	known := make(map[string]bool)
+	for _, c := range u.bootstrap.GetStaticResources().GetClusters() {
+		known[c.GetName()] = true
+	}
+	check := func(at, name string) {
+		if name != "" && !known[name] {
+			u.add(Error, at, RuleRouteCluster,
+				"route to cluster %q, which does not exist among static_resources.clusters: Envoy rejects the "+
+					"configuration (the route table validates its clusters)", name)
+		}
+	}
+	for i, vh := range rc.GetVirtualHosts() {
+		vp := indexPath(joinPath(path, "virtual_hosts"), i)
+		for j, r := range vh.GetRoutes() {
+			rp := indexPath(joinPath(vp, "routes"), j)
+			ra := r.GetRoute()
+			check(joinPath(rp, "route.cluster"), ra.GetCluster())
+			for k, wc := range ra.GetWeightedClusters().GetClusters() {
+				check(joinPath(indexPath(joinPath(rp, "route.weighted_clusters.clusters"), k), "name"), wc.GetName())
+			}
+		}
 	}
 }
 

@@ -41,6 +41,7 @@ const (
 	RuleRouterLast      = "router-last"           // a filter follows the router, or there is no router
 	RuleExtProcOrder    = "ext-proc-after-router" // the ext_proc filter comes after the router
 	RuleGRPCCluster     = "grpc-cluster-exists"   // grpc_service.envoy_grpc names no cluster
+	RuleRouteCluster    = "route-cluster-exists"  // a static route sends to no cluster
 	RuleGRPCHTTP2       = "grpc-cluster-http2"    // the ext_proc cluster does not speak HTTP/2
 	RuleProcessingMode  = "processing-mode"       // a processing mode tokengate does not support
 	RuleDuplexTrailers  = "duplex-trailer-mode"   // FULL_DUPLEX_STREAMED without that direction's trailer mode SEND
