@@ -287,8 +287,8 @@ func TestReadmeEnvoySnippets(t *testing.T) {
 		t.Fatal(err)
 	}
 	snippets := regexp.MustCompile("(?s)<!-- envoy-snippet:[^>]*-->\n```yaml\n(.*?)```").FindAllStringSubmatch(string(data), -1)
-	if len(snippets) < 2 {
-		t.Fatalf("found %d marked Envoy snippets in the README, want the filter and the cluster", len(snippets))
+	if len(snippets) == 0 {
+		t.Fatal("found no marked Envoy snippet in the README, want at least the filter")
 	}
 	for i, s := range snippets {
 		file := filepath.Join(t.TempDir(), fmt.Sprintf("snippet-%d.yaml", i))
