@@ -12,6 +12,7 @@ package config
 import (
 	_ "embed"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -352,11 +353,35 @@ func Default() *Config {
 
 // Load reads and validates the file at path.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	return Parse(path, data)
+}
+
+// MaxFileBytes bounds a file that serve, reload or validate reads: a
+// tokengate configuration or an Envoy YAML file. The largest real ones
+// are a few hundred KiB, and a larger file would hold its whole decoded
+// tree in memory.
+const MaxFileBytes = 8 << 20
+
+// ReadFile reads a configuration file of at most MaxFileBytes, and refuses
+// a larger one without reading past the limit.
+func ReadFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("%s: the file is larger than %d MiB, the most tokengate reads", path, MaxFileBytes>>20)
+	}
+	return data, nil
 }
 
 // Parse decodes and validates a configuration; file names it in problems.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,7 +70,12 @@ func TestValidateShipped(t *testing.T) {
 
 // Broken files fail, each naming the field.
 func TestValidateBroken(t *testing.T) {
+	huge := filepath.Join(t.TempDir(), "huge.yaml")
+	if err := os.WriteFile(huge, bytes.Repeat([]byte("# "), config.MaxFileBytes), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct{ file, want string }{
+		{huge, "the file is larger than 8 MiB"},
 		{"../../config/testdata/invalid/unknown-key.yaml", `store.typo: unknown key "typo"`},
 		{"../../config/testdata/invalid/safety-factor.yaml", "policies[0].buckets[0].provider_limit.safety_factor: must be in (0, 1]"},
 		{"../../envoy/testdata/invalid/grpc-cluster-missing.yaml", `cluster "tokengat" does not exist`},

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
@@ -37,9 +36,9 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 	var policies []envoy.PolicySet
 	failed := 0
 	for _, path := range files {
-		data, err := os.ReadFile(path)
+		data, err := config.ReadFile(path)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", path, err)
+			fmt.Fprintln(stderr, err) // it names the file
 			failed++
 			continue
 		}
