@@ -347,6 +347,10 @@ type rigOptions struct {
 	upstream      http.Handler // default: the rig's *upstream
 	upURL         string       // overrides the upstream URL (connect failures)
 	maxMsgTimeout time.Duration
+	// msgTimeout is the stand-in's message_timeout. Zero means 10s: a
+	// rig shares the machine with the rest of the suite under -race, and
+	// Envoy's 200 ms default would answer 504 to a slow scheduler. Tests
+	// of the timer itself set it.
 	msgTimeout    time.Duration
 	store         buckets.Store // default: a memory store
 	bufferLimit   int
@@ -367,6 +371,9 @@ func newRig(t *testing.T, u *upstream, o rigOptions) *rig {
 	t.Helper()
 	if u == nil {
 		u = &upstream{}
+	}
+	if o.msgTimeout == 0 {
+		o.msgTimeout = 10 * time.Second
 	}
 	r := &rig{store: newRecordingStore(o.store), counter: &fakeCounter{input: 10, allowance: 100}, upstream: u,
 		outcomes: make(chan Outcome, 1024), streams: make(chan context.Context, 1024)}

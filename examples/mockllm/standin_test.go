@@ -84,7 +84,7 @@ func TestCutOffThroughStandin(t *testing.T) {
 	up := httptest.NewServer(llm)
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	p, err := standin.New(standin.Config{ExtProc: cc, Upstream: u})
+	p, err := standin.New(standin.Config{ExtProc: cc, Upstream: u, MessageTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
