@@ -141,16 +141,18 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	return p, nil
 }
 
-// withLeases wraps store in a lease store when a bucket asks for leases
-// (S20), leasing from the shared Redis store. It goes on top of the
+// withLeases wraps store in a lease store on Redis (S20), leasing from the
+// shared Redis store. It wraps whether or not a bucket asks for leases
+// now, so that a reload may add one: buckets without a lease pass straight
+// through to the store underneath. It goes on top of the
 // failover store: while Redis is down, requests take from the leases this
 // gateway still holds, and what they cannot take the failover store
 // decides. Its closer, which returns what the gateway holds, runs before
 // the Redis client's: after the server has settled every stream.
 func withLeases(cfg *config.Config, store, shared buckets.Store, logger *slog.Logger, now func() time.Time, closers *[]func() error) buckets.Store {
 	lender, ok := shared.(lease.Lender)
-	if !ok || !hasLeases(cfg) {
-		return store
+	if !ok || cfg.Store.Type != "redis" {
+		return store // the memory store has nothing to lease
 	}
 	ls := lease.New(store, lender, lease.Options{Now: now, Logger: logger})
 	*closers = append(*closers, func() error {
@@ -165,16 +167,6 @@ func withLeases(cfg *config.Config, store, shared buckets.Store, logger *slog.Lo
 	return ls
 }
 
-func hasLeases(cfg *config.Config) bool {
-	for _, p := range cfg.Policies {
-		for _, b := range p.Buckets {
-			if b.Lease != nil {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // leaseOf maps a bucket's lease onto the store's.
 func leaseOf(l *config.Lease) *buckets.Lease {
