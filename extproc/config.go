@@ -228,6 +228,17 @@ type QuotaRule struct {
 	Hard bool
 }
 
+// leaseOf returns the lease of the policy's bucket rule named bucket, or
+// nil when that bucket is not leased.
+func (p *Policy) leaseOf(bucket string) *buckets.Lease {
+	for i := range p.Buckets {
+		if p.Buckets[i].Name == bucket {
+			return p.Buckets[i].Lease
+		}
+	}
+	return nil
+}
+
 // charges reports whether the policy has a quota of money, so that its
 // requests are priced.
 func (p *Policy) charges() bool {

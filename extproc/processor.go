@@ -312,7 +312,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			p.req.budget = st.Name
 			return p.immediate(budgetRefusal(d, st, p.quotaCost(st.Unit, cost), p.currency()), send)
 		}
-		return p.immediate(refusal(d, cost), send)
+		return p.immediate(refusal(d, cost, p.pol.leaseOf), send)
 	}
 	p.st.mu.Lock()
 	p.st.res = d.Reservation

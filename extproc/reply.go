@@ -75,8 +75,9 @@ func headerOption(k, v string) *corev3.HeaderValueOption {
 	return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)}}
 }
 
-// refusal builds the 429 or 413 for a refused decision (S4, S16).
-func refusal(d buckets.Decision, cost int) reply {
+// refusal builds the 429 or 413 for a refused decision (S4, S16). lease is
+// the lease of the bucket that refused, if it is leased (S20).
+func refusal(d buckets.Decision, cost int, lease func(bucket string) *buckets.Lease) reply {
 	limiting := limitingState(d)
 	switch d.Reason {
 	case buckets.NeverAdmissible:
@@ -107,13 +108,20 @@ func refusal(d buckets.Decision, cost int) reply {
 			details: "tokengate_concurrency_full",
 		}
 	default:
+		msg := fmt.Sprintf("rate limit reached for %q: request needs %d tokens; retry after %s",
+			limiting.Name, cost, formatReset(d.Wait))
+		if l := lease(limiting.Name); l != nil {
+			// Retry-After counts what the shared bucket holds, not what
+			// other gateways hold of it in their leases (S16, S20).
+			msg += fmt.Sprintf(" (the bucket is shared through leases: tokens other gateways hold come back "+
+				"within %s, so a retry then may be refused once more)", formatReset(l.TTLOrDefault()))
+		}
 		return reply{
 			status: 429,
 			detail: errorDetail{
-				Code: "rate_limit_exceeded",
-				Message: fmt.Sprintf("rate limit reached for %q: request needs %d tokens; retry after %s",
-					limiting.Name, cost, formatReset(d.Wait)),
-				Type: "tokens", Bucket: limiting.Name,
+				Code:    "rate_limit_exceeded",
+				Message: msg,
+				Type:    "tokens", Bucket: limiting.Name,
 			},
 			headers: append([][2]string{{headerRetryAfter, retryAfter(d.Wait)}}, limitHeaders(limiting)...),
 			details: "tokengate_rate_limited",

@@ -167,10 +167,10 @@ func withLeases(cfg *config.Config, store, shared buckets.Store, logger *slog.Lo
 	return ls
 }
 
-
-// leaseOf maps a bucket's lease onto the store's.
-func leaseOf(l *config.Lease) *buckets.Lease {
-	if l == nil {
+// leaseOf maps a bucket's lease onto the store's. Only Redis is leased
+// from: the memory store is the bucket itself.
+func leaseOf(cfg *config.Config, l *config.Lease) *buckets.Lease {
+	if l == nil || cfg.Store.Type != "redis" {
 		return nil
 	}
 	return &buckets.Lease{Size: l.Size, TTL: l.TTL}
@@ -246,7 +246,7 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 			}
 			p.Buckets = append(p.Buckets, extproc.BucketRule{
 				Name: b.Name, Per: b.Per, Limit: limit, Headroom: headroom,
-				Hard: b.Hard, MaxDebt: b.MaxDebt, Provider: b.ProviderLimit != nil, Lease: leaseOf(b.Lease),
+				Hard: b.Hard, MaxDebt: b.MaxDebt, Provider: b.ProviderLimit != nil, Lease: leaseOf(cfg, b.Lease),
 			})
 		}
 		for _, c := range cp.Concurrency {
