@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/lease"
 	"github.com/tokengate/tokengate/extproc"
 )
 
@@ -382,4 +383,24 @@ func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
 	n, err := in.InUse(ctx, ss)
 	s.observe("inspect", start, err)
 	return n, err
+}
+
+// Lender is a lease lender wrapped with the store's latency and error
+// metrics under op "lease" (S20): how often leased buckets reach Redis.
+type Lender struct {
+	l lease.Lender
+	s *Store
+}
+
+// InstrumentLender returns l wrapped with latency and error metrics.
+func (m *Metrics) InstrumentLender(l lease.Lender) *Lender {
+	return &Lender{l: l, s: &Store{m: m}}
+}
+
+// Lease implements lease.Lender.
+func (l *Lender) Lease(ctx context.Context, ops []buckets.LeaseOp) error {
+	start := time.Now()
+	err := l.l.Lease(ctx, ops)
+	l.s.observe("lease", start, err)
+	return err
 }

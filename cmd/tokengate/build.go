@@ -111,7 +111,7 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		p.failover = failover.New(store, opts)
 		store = p.failover
 	}
-	store = withLeases(cfg, store, primary, logger, opts.now, &p.closers)
+	store = withLeases(cfg, store, primary, p.metrics, logger, opts.now, &p.closers)
 	p.store = store
 	p.counter, err = newCounter(cfg)
 	if err != nil {
@@ -149,12 +149,12 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 // gateway still holds, and what they cannot take the failover store
 // decides. Its closer, which returns what the gateway holds, runs before
 // the Redis client's: after the server has settled every stream.
-func withLeases(cfg *config.Config, store, shared buckets.Store, logger *slog.Logger, now func() time.Time, closers *[]func() error) buckets.Store {
+func withLeases(cfg *config.Config, store, shared buckets.Store, m *metrics.Metrics, logger *slog.Logger, now func() time.Time, closers *[]func() error) buckets.Store {
 	lender, ok := shared.(lease.Lender)
 	if !ok || cfg.Store.Type != "redis" {
 		return store // the memory store has nothing to lease
 	}
-	ls := lease.New(store, lender, lease.Options{Now: now, Logger: logger})
+	ls := lease.New(store, m.InstrumentLender(lender), lease.Options{Now: now, Logger: logger})
 	*closers = append(*closers, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

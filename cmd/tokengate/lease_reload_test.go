@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -62,6 +64,9 @@ policies:
 		t.Fatalf("without a lease the request took %v tokens from Redis, want its own cost", taken)
 	}
 
+	if n := leaseCalls(t, p.admin); n != 0 {
+		t.Errorf("%d lease calls before any bucket is leased", n)
+	}
 	writeFile(t, file, conf(fmt.Sprintf(", lease: {size: %d}", int(leaseSize))))
 	waitMetric(t, p.admin, `tokengate_config_reload_total{result="applied"}`, 1)
 	if st, _ := chat(t, front, user); st != 200 {
@@ -70,4 +75,27 @@ policies:
 	if taken := before - level(); taken < leaseSize-1000 {
 		t.Errorf("after the reload the request took %v tokens from Redis, want a lease of %v", taken, leaseSize)
 	}
+	if n := leaseCalls(t, p.admin); n < 1 {
+		t.Errorf("tokengate_store_seconds_count{op=\"lease\"} = %d after a leased request, want at least 1", n)
+	}
+}
+
+var leaseCallsRE = regexp.MustCompile(`(?m)^tokengate_store_seconds_count\{op="lease"\} (\d+)$`)
+
+// leaseCalls is the number of lease calls the server at admin has made.
+func leaseCalls(t *testing.T, admin string) int {
+	t.Helper()
+	m, err := getBody(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm := leaseCallsRE.FindStringSubmatch(m)
+	if sm == nil {
+		return 0
+	}
+	n, err := strconv.Atoi(sm[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
