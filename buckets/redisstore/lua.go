@@ -440,7 +440,7 @@ if QW then
       if S[k] > 0 and E[k] then
         redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'KEEPTTL')
       elseif S[k] > 0 then
-        redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'PX', ttl)
+        redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'PX', string.format('%d', ttl))
       else
         redis.call('DEL', KEYS[k])
       end
@@ -473,7 +473,7 @@ for k = 1, nbk do
     else
       v = struct.pack('<dd', l, t)
     end
-    redis.call('SET', KEYS[k], v, 'PX', ttl - ttl % 1)
+    redis.call('SET', KEYS[k], v, 'PX', string.format('%d', ttl))
   end
 end
 if open then
