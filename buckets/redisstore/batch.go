@@ -18,7 +18,7 @@ import (
 // pays no latency for batching; ops that arrive while the lane's calls are
 // in flight queue up, and the next call takes them all, in arrival order,
 // in one script call (see batchLua). A lane has at most maxInflight calls
-// in flight. The caller whose op heads a batch makes the call: there is no
+// in flight. The caller whose op ends a batch makes the call: there is no
 // background goroutine, but for the timer that sends settlements queued by
 // SettleAsync when no call has taken them within the settle window.
 const (
@@ -112,14 +112,14 @@ func (s *Store) do(ctx context.Context, o *op) {
 		l.inflight++
 		batch := l.take(o)
 		l.mu.Unlock()
-		s.lead(ctx, l, batch)
+		s.lead(ctx, l, batch, o)
 		return
 	}
 	o.wake = make(chan []*op, 1)
 	l.queue = append(l.queue, o)
 	l.mu.Unlock()
 	if batch := <-o.wake; batch != nil {
-		s.lead(ctx, l, batch)
+		s.lead(ctx, l, batch, o)
 	}
 }
 
@@ -149,22 +149,26 @@ func (s *Store) flushLane(l *lane) {
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	s.lead(ctx, l, batch)
+	s.lead(ctx, l, batch, nil)
 }
 
-// take returns the next batch: first (when not nil), then the oldest queued
-// ops, within the bounds of a batch. l.mu is held.
-func (l *lane) take(first *op) []*op {
+// take returns the next batch: the oldest queued ops, within the bounds of
+// a batch, then own (when not nil), the op of the caller who makes the
+// call, which is always in it. Queued settlements thus run before the
+// reserve that came after them, as they arrived: the reserve meets their
+// refunds, and a holder drops a settled record before it adds a new one,
+// which is the cheaper order for the script. l.mu is held.
+func (l *lane) take(own *op) []*op {
 	var batch []*op
-	count := headerNumbers
-	if first != nil {
-		batch = append(batch, first)
-		count += first.numbers()
+	count, room := headerNumbers, maxBatchOps
+	if own != nil {
+		count += own.numbers()
+		room--
 	}
 	n := 0
-	for n < len(l.queue) && len(batch) < maxBatchOps {
+	for n < len(l.queue) && n < room {
 		c := l.queue[n].numbers()
-		if len(batch) > 0 && count+c > maxBatchNumbers {
+		if (n > 0 || own != nil) && count+c > maxBatchNumbers {
 			break
 		}
 		count += c
@@ -172,22 +176,25 @@ func (l *lane) take(first *op) []*op {
 		n++
 	}
 	l.queue = append(l.queue[:0], l.queue[n:]...)
+	if own != nil {
+		batch = append(batch, own)
+	}
 	return batch
 }
 
 // headerNumbers is how many numbers a batch has before its first op's.
 const headerNumbers = 4
 
-// lead runs batch and tells its ops; the first is the caller's own, unless
-// the caller is a timer. Then it hands the lane's call to the oldest
+// lead runs batch and tells its ops but own, the caller's (nil when the
+// caller is a timer or Flush). Then it hands the lane's call to the oldest
 // waiting caller, with the next batch, or gives the call back.
-func (s *Store) lead(ctx context.Context, l *lane, batch []*op) {
+func (s *Store) lead(ctx context.Context, l *lane, batch []*op, own *op) {
 	s.runBatch(ctx, batch)
-	for i, o := range batch {
+	for _, o := range batch {
 		switch {
 		case o.then != nil:
 			o.then()
-		case i > 0:
+		case o != own:
 			o.wake <- nil
 		}
 	}
@@ -213,7 +220,7 @@ func (s *Store) lead(ctx context.Context, l *lane, batch []*op) {
 	l.queue = append(l.queue[:waiting], l.queue[waiting+1:]...)
 	next := l.take(first)
 	l.mu.Unlock()
-	next[0].wake <- next
+	first.wake <- next
 }
 
 // batchKeys assigns each key of a batch its index in KEYS: bucket keys
@@ -480,7 +487,7 @@ func (s *Store) Flush(ctx context.Context) error {
 			batch := l.take(nil)
 			l.mu.Unlock()
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
-			s.lead(cctx, l, batch)
+			s.lead(cctx, l, batch, nil)
 			cancel()
 		}
 	}

@@ -120,6 +120,42 @@ func TestBatchIsSequential(t *testing.T) {
 	}
 }
 
+// TestQueuedSettlementGoesFirst: a settlement queued by SettleAsync goes
+// with the next reserve, in the same script call, and before it, as it
+// came first: the reserve meets its refund (S8).
+func TestQueuedSettlementGoesFirst(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	t0 := time.Unix(1_800_000_000, 0)
+	st := New(c, Options{SettleWindow: time.Hour}) // only a call takes it
+	SetScriptClock(st, func() time.Time { return t0 })
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "b", Key: "k", Limit: buckets.Limit{Capacity: 100, Rate: 1}}
+	req := buckets.Request{Cost: 100, Buckets: []buckets.Bucket{b}}
+	d, err := st.Reserve(ctx, req)
+	if err != nil || !d.OK {
+		t.Fatalf("first Reserve = %+v, %v", d, err)
+	}
+	settled := make(chan error, 1)
+	st.SettleAsync(d.Reservation, 0, func(_ []buckets.BucketState, err error) { settled <- err })
+	d, err = st.Reserve(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-settled:
+		if err != nil {
+			t.Fatalf("queued settlement: %v", err)
+		}
+	default:
+		t.Fatal("the queued settlement did not go with the next reserve")
+	}
+	if !d.OK {
+		t.Errorf("second Reserve refused (%v, level %v): it ran before the settlement queued ahead of it", d.Reason, d.Buckets[0].Remaining)
+	}
+}
+
 // levels reads the levels of chain from m without changing them.
 func levels(t *testing.T, m *buckets.Memory, chain []buckets.Bucket) []float64 {
 	t.Helper()

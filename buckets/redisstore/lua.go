@@ -158,38 +158,58 @@ end
 // spend of every quota (likewise); for a settle 1 when there was nothing
 // to settle (else 0), 0, and the level, hold and forgiven tokens of every
 // bucket.
-const batchLua = luaNow + luaRecords + `
+const batchLua = luaNow + `
 local p = {struct.unpack(ARGV[2], ARGV[3])}
 local nops, nbk, nqk, maxinline = p[1], p[2], p[3], p[4]
--- Per bucket key index: level, refill instant, the parameters of its last
--- write (W), and, for a holder, its record string (R), the latest record's
--- expiry (M), its number of records (RN, counted once it matters) and
--- whether a record was dropped (D). Expired records are dropped when all
--- are, or when a holder is full; until then M may be later than needed,
--- which only keeps the key a little longer.
-local L, T, W, R, M, RN, D = {}, {}, {}, {}, {}, {}, {}
--- Per quota key index: the spend (S), whether the key exists (E: its TTL,
--- the window's end, stays), and the TTL of its write (QW).
-local S, E, QW = {}, {}, {}
-if nbk + nqk > 0 then
+-- Per bucket key index k, in one table B from 8k-7 on (one table, sized
+-- at once, allocates less than one per field): level (+0) and refill
+-- instant (+1); the parameters of its last write (+2, an index into p);
+-- for a holder a string (+3) that holds its records from an offset (+7)
+-- on (at first the key's value, so reading copies nothing, and dropping
+-- the first record moves the offset), the latest record's expiry (+4)
+-- and its number of records (+5, counted once it matters). Expired
+-- records are dropped when all are, or when a holder is full; until then
+-- the latest expiry may be later than needed, which only keeps the key a
+-- little longer. Every string a script makes costs Redis a hash of all
+-- its bytes: records are cut and joined only where they change.
+local B = {false, false, false, false, false, false, false, false, false, false, false, false,
+  false, false, false, false, false, false, false, false, false, false, false, false}
+-- Per quota key index, when the batch has quotas: the spend (S), whether
+-- the key exists (E: its TTL, the window's end, stays), and the TTL of its
+-- write (QW).
+local S, E, QW
+if nbk + nqk == 1 then
+  local v = redis.call('GET', KEYS[1])
+  if v and nbk == 1 then
+    B[1], B[2] = struct.unpack('<dd', v)
+    if #v > 16 then B[4], B[5], B[8] = v, (struct.unpack('<d', v, 17)), 25 end
+  elseif nbk == 0 then
+    S, E, QW = {0}, {}, {}
+    if v then S[1], E[1] = struct.unpack('<d', v), true end
+  end
+elseif nbk + nqk > 0 then
   local vs = redis.call('MGET', unpack(KEYS, 1, nbk + nqk))
   for i = 1, nbk do
     local v = vs[i]
     if v then
-      L[i], T[i] = struct.unpack('<dd', v)
-      if #v > 16 then R[i], M[i] = string.sub(v, 25), (struct.unpack('<d', v, 17)) end
+      local b = 8 * i - 7
+      B[b], B[b + 1] = struct.unpack('<dd', v)
+      if #v > 16 then B[b + 3], B[b + 4], B[b + 7] = v, (struct.unpack('<d', v, 17)), 25 end
     end
   end
-  for i = nbk + 1, nbk + nqk do
-    local v = vs[i]
-    if v then S[i], E[i] = struct.unpack('<d', v), true else S[i] = 0 end
+  if nqk > 0 then
+    S, E, QW = {}, {}, {}
+    for i = nbk + 1, nbk + nqk do
+      local v = vs[i]
+      if v then S[i], E[i] = struct.unpack('<d', v), true else S[i] = 0 end
+    end
   end
 end
--- Records in record keys: per record key, the open reservations this batch
--- has looked up or added there, by ID: their expiry, or false once settled;
--- and whether the key had them (found).
-local open, found = {}, {}
-local vals, nv = {}, 0
+-- Records in record keys, once the batch needs one: per record key, the
+-- open reservations this batch has looked up or added there, by ID: their
+-- expiry, or false once settled; and whether the key had them (found).
+local open, found
+local vals, nv = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0
 local a = 5
 for o = 1, nops do
   local kind, nb, ns, nq, rec = p[a], p[a + 1], p[a + 2], p[a + 3], p[a + 4]
@@ -203,15 +223,16 @@ for o = 1, nops do
     local status, worst, hard = 0, 0, false
     for i = 0, nb - 1 do
       local q = b0 + 7 * i
-      local k, cap, rate, res = p[q], p[q + 1], p[q + 2], p[q + 6]
-      local l, t = L[k], T[k]
+      local cap, rate, res = p[q + 1], p[q + 2], p[q + 6]
+      local b = 8 * p[q] - 7
+      local l, t = B[b], B[b + 1]
       if not l then l, t = cap, now end
       if now > t then
         l = l + rate * ((now - t) / 1e6)
         if l > cap then l = cap end
         t = now
       end
-      L[k], T[k] = l, t
+      B[b], B[b + 1] = l, t
       if cost > cap - res then
         status = 3
       elseif l < cost + res or t > now then
@@ -249,11 +270,11 @@ for o = 1, nops do
     nv = nv + 2
     for i = 0, nb - 1 do
       local q = b0 + 7 * i
-      local k = p[q]
-      local l, t = L[k], T[k]
+      local b = 8 * p[q] - 7
+      local l, t = B[b], B[b + 1]
       if status == 0 then
         l = l - cost
-        L[k], W[k] = l, q
+        B[b], B[b + 2] = l, q
       end
       vals[nv + 1] = l
       if t > now then vals[nv + 2] = t - now else vals[nv + 2] = 0 end
@@ -277,24 +298,45 @@ for o = 1, nops do
         redis.call('PEXPIRE', KEYS[p[q]], ms - ms % 1)
       end
       if rec > 0 then
-        local h, exp = p[b0], now + life
-        if nb > 0 and not RN[h] then
-          local r = R[h] or ''
-          if not M[h] or M[h] <= now then r, M[h] = '', 0 end
-          local n, pos = 0, 1
+        local h, exp = 8 * p[b0] - 7, now + life
+        if nb > 0 and not B[h + 5] then
+          -- Count the holder's records, dropping them all when all have
+          -- expired, and the expired ones when it is full.
+          local r, m, off = B[h + 3] or '', B[h + 4], B[h + 7] or 1
+          if not m or m <= now then r, m, off = '', 0, 1 end
+          local n, pos = 0, off
           while pos <= #r do n = n + 1; pos = pos + 9 + string.byte(r, pos + 8) end
           if n >= maxinline then
-            r, M[h] = prune(r)
-            n, pos = 0, 1
-            while pos <= #r do n = n + 1; pos = pos + 9 + string.byte(r, pos + 8) end
+            local keep = {}
+            n, m, pos = 0, 0, off
+            while pos <= #r do
+              local e, len = struct.unpack('<dB', r, pos)
+              if e > now then
+                n = n + 1
+                keep[n] = string.sub(r, pos, pos + 8 + len)
+                if e > m then m = e end
+              end
+              pos = pos + 9 + len
+            end
+            r, off = table.concat(keep), 1
           end
-          R[h], RN[h] = r, n
+          B[h + 3], B[h + 4], B[h + 5], B[h + 7] = r, m, n, off
         end
-        if nb > 0 and RN[h] < maxinline then
-          R[h] = R[h] .. struct.pack('<d', exp) .. string.char(#id) .. id
-          if exp > M[h] then M[h] = exp end
-          RN[h] = RN[h] + 1
+        if nb > 0 and B[h + 5] < maxinline then
+          local r, off, add = B[h + 3], B[h + 7], struct.pack('<dBc0', exp, #id, id)
+          if off > #r then
+            r = add
+          elseif off > 1 then
+            r = string.sub(r, off) .. add
+          else
+            r = r .. add
+          end
+          B[h + 3], B[h + 7] = r, 1
+          if exp > B[h + 4] then B[h + 4] = exp end
+          B[h + 5] = B[h + 5] + 1
         else
+          open = open or {}
+          found = found or {}
           open[rec] = open[rec] or {}
           found[rec] = found[rec] or {}
           open[rec][id] = exp
@@ -308,13 +350,31 @@ for o = 1, nops do
     a = s0 + ns
     local done = false
     if rec > 0 then
-      local h, pos, exp = p[b0], nil, nil
-      if nb > 0 and R[h] then pos, exp = findrec(R[h], id) end
-      if pos then
-        R[h] = droprec(R[h], pos)
-        if RN[h] then RN[h] = RN[h] - 1 end
-        W[h], D[h] = W[h] or b0, true
-      else
+      local h, exp = 8 * p[b0] - 7, nil
+      local r = nb > 0 and B[h + 3]
+      if r then
+        -- Find the record: per record its expiry, its ID's length, its ID.
+        local off, n = B[h + 7], #id
+        local pos = off
+        while pos <= #r do
+          local len = string.byte(r, pos + 8)
+          if len == n and string.find(r, id, pos + 9, true) == pos + 9 then
+            exp = struct.unpack('<d', r, pos)
+            if pos == off then
+              B[h + 7] = pos + 9 + len
+            else
+              B[h + 3], B[h + 7] = string.sub(r, off, pos - 1) .. string.sub(r, pos + 9 + len), 1
+            end
+            if B[h + 5] then B[h + 5] = B[h + 5] - 1 end
+            B[h + 2] = B[h + 2] or b0
+            break
+          end
+          pos = pos + 9 + len
+        end
+      end
+      if not exp then
+        open = open or {}
+        found = found or {}
         open[rec] = open[rec] or {}
         found[rec] = found[rec] or {}
         exp = open[rec][id]
@@ -331,8 +391,9 @@ for o = 1, nops do
     nv = nv + 2
     for i = 0, nb - 1 do
       local q = b0 + 7 * i
-      local k, cap, rate, floor = p[q], p[q + 1], p[q + 2], p[q + 5]
-      local l, t = L[k], T[k]
+      local cap, rate, floor = p[q + 1], p[q + 2], p[q + 5]
+      local b = 8 * p[q] - 7
+      local l, t = B[b], B[b + 1]
       if not l then l, t = cap, now end
       if now > t then
         l = l + rate * ((now - t) / 1e6)
@@ -353,9 +414,9 @@ for o = 1, nops do
         else
           forgiven = -delta
         end
-        W[k] = q
+        B[b + 2] = q
       end
-      L[k], T[k] = l, t
+      B[b], B[b + 1] = l, t
       vals[nv + 1] = l
       if t > now then vals[nv + 2] = t - now else vals[nv + 2] = 0 end
       vals[nv + 3] = forgiven
@@ -373,48 +434,77 @@ for o = 1, nops do
     end
   end
 end
-for k, ttl in pairs(QW) do
-  if ttl > 0 then
-    if S[k] > 0 and E[k] then
-      redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'KEEPTTL')
-    elseif S[k] > 0 then
-      redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'PX', string.format('%d', ttl))
+if QW then
+  for k, ttl in pairs(QW) do
+    if ttl > 0 then
+      if S[k] > 0 and E[k] then
+        redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'KEEPTTL')
+      elseif S[k] > 0 then
+        redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'PX', string.format('%d', ttl))
+      else
+        redis.call('DEL', KEYS[k])
+      end
+    end
+  end
+end
+-- Write every bucket that changed, with its TTL: the caller's from low,
+-- or, below low or while paused, the exact time to full; a holder lives
+-- at least until its latest record expires.
+for k = 1, nbk do
+  local b = 8 * k - 7
+  local q = B[b + 2]
+  if q then
+    local l, t, r, m, off = B[b], B[b + 1], B[b + 3], B[b + 4], B[b + 7]
+    local cap, rate = p[q + 1], p[q + 2]
+    if not l then l, t = cap, now end
+    local ttl = p[q + 4]
+    if t > now or l < p[q + 3] then
+      ttl = (t - now + (cap - l) / rate * 1e6) / 1000 + 1001
+      if ttl > 1e12 then ttl = 1e12 end
+    end
+    local v
+    if r and off <= #r then
+      if m > now then
+        local mt = (m - now) / 1000 + 1001
+        if mt > ttl then ttl = mt end
+      end
+      if off > 1 then r = string.sub(r, off) end
+      v = struct.pack('<dddc0', l, t, m, r)
     else
-      redis.call('DEL', KEYS[k])
+      v = struct.pack('<dd', l, t)
+    end
+    redis.call('SET', KEYS[k], v, 'PX', string.format('%d', ttl))
+  end
+end
+if open then
+  for rec, o in pairs(open) do
+    local add, del, last = {}, {}, 0
+    for id, exp in pairs(o) do
+      if exp and not found[rec][id] then
+        add[#add + 1] = exp
+        add[#add + 1] = id
+        if exp > last then last = exp end
+      elseif not exp and found[rec][id] then
+        del[#del + 1] = id
+      end
+    end
+    local k = KEYS[rec]
+    if #del > 0 then redis.call('ZREM', k, unpack(del)) end
+    if #add > 0 then
+      -- Records of reservations never settled expire by score: drop them.
+      redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+      redis.call('ZADD', k, unpack(add))
+      local ms = (last - now) / 1000 + 1001
+      ms = ms - ms % 1
+      if redis.call('PEXPIRE', k, ms, 'GT') == 0 and redis.call('PTTL', k) == -1 then
+        redis.call('PEXPIRE', k, ms)
+      end
     end
   end
 end
-for k, q in pairs(W) do
-  local l, t = L[k], T[k]
-  if not l then l, t = p[q + 1], now end
-  if D[k] and R[k] == '' then M[k] = nil end
-  redis.call('SET', KEYS[k], bucketvalue(l, t, R[k], M[k]), 'PX', ttlms(l, t, p[q + 1], p[q + 2], p[q + 3], p[q + 4], M[k]))
-end
-for rec, o in pairs(open) do
-  local add, del, last = {}, {}, 0
-  for id, exp in pairs(o) do
-    if exp and not found[rec][id] then
-      add[#add + 1] = exp
-      add[#add + 1] = id
-      if exp > last then last = exp end
-    elseif not exp and found[rec][id] then
-      del[#del + 1] = id
-    end
-  end
-  local k = KEYS[rec]
-  if #del > 0 then redis.call('ZREM', k, unpack(del)) end
-  if #add > 0 then
-    -- Records of reservations never settled expire by score: drop them.
-    redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-    redis.call('ZADD', k, unpack(add))
-    local ms = (last - now) / 1000 + 1001
-    ms = ms - ms % 1
-    if redis.call('PEXPIRE', k, ms, 'GT') == 0 and redis.call('PTTL', k) == -1 then
-      redis.call('PEXPIRE', k, ms)
-    end
-  end
-end
-return struct.pack('<' .. string.rep('d', nv), unpack(vals, 1, nv))
+-- The reply is never longer than the arguments: their struct format,
+-- cut, is its format.
+return struct.pack(string.sub(ARGV[2], 1, nv + 1), unpack(vals, 1, nv))
 `
 
 // extendLua debits an amount from every (hard) bucket and quota, all or

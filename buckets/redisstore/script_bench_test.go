@@ -1,0 +1,151 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+// floorLua does what no batch script can do without: it reads the clock,
+// unpacks the numbers, reads every bucket with one MGET and writes each
+// back with a TTL, and returns a reply as long as batchLua's — and nothing
+// else.
+const floorLua = luaNow + `
+local p = {struct.unpack(ARGV[2], ARGV[3])}
+local nops, nbk = p[1], p[2]
+local vs = redis.call('MGET', unpack(KEYS, 1, nbk))
+for i = 1, nbk do redis.call('SET', KEYS[i], vs[i] or 'x', 'PX', string.format('%d', 60000)) end
+local nv, a = 0, 5
+for o = 1, nops do
+  local kind, nb, ns, nq = p[a], p[a + 1], p[a + 2], p[a + 3]
+  if kind == 1 then
+    a, nv = a + 8 + 7 * nb + 4 * nq + 3 * ns, nv + 2 + 2 * nb + nq
+  else
+    a, nv = a + 5 + 7 * nb + 3 * nq + ns, nv + 2 + 3 * nb
+  end
+end
+return string.rep('\0', 8 * nv)
+`
+
+// capturer records the keys and arguments of the last batch script call
+// of two operations.
+type capturer struct {
+	*redis.Client
+	keys []string
+	args []any
+}
+
+func (c *capturer) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	if sha == batchScript.sha && len(args) == 5 {
+		c.keys, c.args = keys, args
+	}
+	return c.Client.EvalSha(ctx, sha, keys, args...)
+}
+
+// BenchmarkBatchScript measures what Redis spends inside the batch script
+// that carries one request at one caller with SettleAsync — the previous
+// request's settlement and this one's reserve, of a chain of 1 or 3
+// buckets — next to floorLua with the same keys and arguments: the script
+// time per call (INFO commandstats, evalsha usec_per_call) of both, and
+// their ratio. The call is replayed with the two reservation IDs swapped
+// on every other call, so every call settles a record and adds one, as in
+// BenchmarkReserveSettle.
+func BenchmarkBatchScript(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, chain := range []int{1, 3} {
+		b.Run("chain="+strconv.Itoa(chain), func(b *testing.B) { batchScriptTime(b, srv, chain) })
+	}
+}
+
+func batchScriptTime(b *testing.B, srv *redistest.Server, chain int) {
+	ctx := context.Background()
+	c := &capturer{Client: redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 1})}
+	defer c.Close()
+	// Each run of the function starts from no keys.
+	if err := c.FlushDB(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	st := New(c, Options{Prefix: fmt.Sprintf("script%d:", chain)})
+	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+	bs := []buckets.Bucket{{Name: "user", Key: "user", Limit: lim}, {Name: "team", Key: "team", Limit: lim},
+		{Name: "provider", Key: "provider", Limit: lim}}[:chain]
+	for range 3 {
+		d, err := st.Reserve(ctx, buckets.Request{Cost: 100, Buckets: bs})
+		if err != nil {
+			b.Fatal(err)
+		}
+		st.SettleAsync(d.Reservation, 80, nil)
+	}
+	if err := st.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if c.args == nil {
+		b.Fatal("no batch of a settlement and a reserve was captured")
+	}
+	keys, args := c.keys, c.args
+	swapped := append([]any(nil), args...)
+	swapped[3], swapped[4] = args[4], args[3]
+	floor := newScript(floorLua)
+	// run replays the captured call n times and returns the script time
+	// per call in µs.
+	run := func(sc script, n int) float64 {
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		for i := range n {
+			a := args
+			if i%2 == 1 {
+				a = swapped
+			}
+			if _, err := st.run(ctx, sc, keys, a); err != nil {
+				b.Fatal(err)
+			}
+		}
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, rest, ok := strings.Cut(info, "cmdstat_evalsha:")
+		_, rest, ok2 := strings.Cut(rest, "usec_per_call=")
+		v, _, ok3 := strings.Cut(rest, ",")
+		if !ok || !ok2 || !ok3 {
+			b.Fatalf("INFO commandstats has no evalsha usec_per_call: %q", info)
+		}
+		us, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return us
+	}
+	// The batch script's records are in place; a check that the replay
+	// settles and reserves as the store does: one record in the holder.
+	run(batchScript, 10)
+	if v := c.Get(ctx, st.bucketKey("user")).Val(); len(v) != 24+9+len(args[4].(string)) {
+		b.Fatalf("holder value of %d bytes after the replay, want one record", len(v))
+	}
+	run(floor, 10)
+	const rounds = 10
+	var script, base float64
+	b.ResetTimer()
+	for r := range rounds {
+		n := max(b.N/rounds, 100) &^ 1 // even: each run ends where it began
+		if r%2 == 0 {
+			script += run(batchScript, n)
+			base += run(floor, n)
+		} else {
+			base += run(floor, n)
+			script += run(batchScript, n)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(script/rounds, "script-µs/call")
+	b.ReportMetric(base/rounds, "floor-µs/call")
+	b.ReportMetric(script/base, "script-vs-floor")
+}
