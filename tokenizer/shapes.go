@@ -22,6 +22,8 @@ type tally struct {
 	n, fixed int
 	// buf holds the canonical text of raw JSON values.
 	buf []byte
+	// pre holds string values counted as the body arrived, or is nil.
+	pre *Precount
 }
 
 func (t *tally) text(s string) { t.n += t.v.countText(t.w, s) }
@@ -180,8 +182,14 @@ func wantArray(v jval, field ...string) error {
 }
 
 // value counts the string value v on its own, as a whole: the one way
-// whole string values are counted.
-func (t *tally) value(v jval) { t.text(v.str()) }
+// whole string values are counted, so that a Precount can stand in for it.
+func (t *tally) value(v jval) {
+	if n, ok := t.pre.tokens(v, t.v.name); ok {
+		t.n += n
+		return
+	}
+	t.text(v.str())
+}
 
 // textField counts a string field; absent or null counts nothing.
 func (t *tally) textField(v jval, field ...string) error {
