@@ -71,6 +71,7 @@ type request struct {
 	sizeHint  int               // the body's content-length, 0 when unknown
 	trailers  bool              // the body ended with trailers
 	decided   bool
+	pre       *tokenizer.Precount // the body's long strings, counted as they arrive (precount) until the decision
 	count     tokenizer.Count
 	allowance int // output tokens reserved
 	injected  bool
@@ -235,10 +236,14 @@ func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 	chunk, eos := b.GetBody(), b.GetEndOfStream()
 	if p.req.size+len(chunk) > p.s.cfg.MaxBodyBytes {
 		p.req.decision = "bad_request"
+		p.req.pre = nil
 		return p.immediate(tooLarge(p.s.cfg.MaxBodyBytes), send)
 	}
 	streaming := p.reqMode == filterv3.ProcessingMode_STREAMED || p.duplexRequest()
 	p.keepChunk(chunk, eos || !streaming) // a BUFFERED body is one message, trailers or not
+	if streaming {
+		p.precount(chunk, eos)
+	}
 	switch p.reqMode {
 	case filterv3.ProcessingMode_STREAMED:
 		if !eos {
@@ -263,7 +268,7 @@ func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 // decide counts the request, reserves its chain and answers the request body
 // (S3–S7, S12, S15, S16).
 func (p *processor) decide(canRewrite bool, send sendFunc) error {
-	c, err := p.s.cfg.counter.Count(tokenizer.Request{Path: p.req.path, Policy: p.policy, Body: p.req.body})
+	c, err := p.count()
 	if err != nil {
 		flat, pass := p.uncounted(err)
 		switch {

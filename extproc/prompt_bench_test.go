@@ -52,28 +52,42 @@ func prose(n int, seed uint64) []byte {
 }
 
 // hugeServer is a server that admits prompts of up to limit bytes (a
-// memory store, the real tokenizer, no rewrite).
-func hugeServer(b *testing.B, tc *tokenizer.Counter, limit int) *Server {
+// memory store, the real tokenizer, no rewrite). Without precount it
+// counts every body whole once it is complete, as it did before bodies
+// were counted as they arrive.
+func hugeServer(b *testing.B, tc *tokenizer.Counter, limit int, precount bool) *Server {
 	b.Helper()
 	pol := Policy{Name: "p", Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 1e12, Rate: 1}}}}
+	var counter tokenCounter = tokenizerCounter{tc}
+	if !precount {
+		counter = wholeCounter{counter}
+	}
 	s, err := NewServer(Config{Policies: []Policy{pol}, DefaultPolicy: "p", Store: buckets.NewMemory(buckets.MemoryOptions{}),
-		Counter: tc, MaxBodyBytes: limit, Logger: slog.New(slog.DiscardHandler)})
+		counter: counter, MaxBodyBytes: limit, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	return s
 }
 
+// wholeCounter hides the tokenizer's Precount: bodies are counted whole.
+type wholeCounter struct{ tokenCounter }
+
 // duplexPrompt sends body as Envoy does in FULL_DUPLEX_STREAMED mode: the
 // headers with the content-length, then chunks of 32 KiB, each a buffer of
-// its own as gRPC hands it over, and returns the bytes sent back.
-func duplexPrompt(b *testing.B, s *Server, body []byte, contentLength bool) int {
+// its own as gRPC hands it over, and returns the bytes sent back and the
+// time from handing over the last chunk to the decision (the headers
+// answer, which FULL_DUPLEX_STREAMED withholds until then).
+func duplexPrompt(b *testing.B, s *Server, body []byte, contentLength bool) (back int, wait time.Duration) {
 	p := newProcessor(context.Background(), s, s.live.Load(), "p")
 	defer p.finish()
-	back := 0
+	var last time.Time
 	send := func(r *extprocv3.ProcessingResponse) error {
 		if imm := r.GetImmediateResponse(); imm != nil {
 			return fmt.Errorf("refused: %s", imm.GetBody())
+		}
+		if r.GetRequestHeaders() != nil {
+			wait = time.Since(last)
 		}
 		back += len(r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody())
 		return nil
@@ -94,11 +108,14 @@ func duplexPrompt(b *testing.B, s *Server, body []byte, contentLength bool) int 
 		end := min(i+chunk, len(body))
 		m := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
 			Body: bytes.Clone(body[i:end]), EndOfStream: end == len(body)}}}
+		if end == len(body) {
+			last = time.Now()
+		}
 		if err := p.handle(m, send); err != nil {
 			b.Fatal(err)
 		}
 	}
-	return back
+	return back, wait
 }
 
 // vmHWM resets the process's peak resident set (Linux clear_refs 5) and
@@ -137,14 +154,17 @@ func vmHWM() func() float64 {
 
 // BenchmarkHugePrompt: a prompt of 5 and 50 MB in FULL_DUPLEX_STREAMED
 // mode, as Envoy sends it (32 KiB chunks), through the processor: gathered,
-// counted once, reserved and sent back in 64 KiB chunks, with a
-// content-length ("duplex") and without ("chunked"), against counting the
-// same body with the tokenizer alone ("count"). Each iteration runs the
-// three in turn, so that their ratios come from the same moments of a
-// shared machine. peak-MiB is how far the process's resident set rose
-// during one of them above where it stood before, with the heap returned to
-// the OS first (the benchmark's own copy of the body is already in it);
-// the largest of the iterations.
+// counted as it arrives, reserved and sent back in 64 KiB chunks, with a
+// content-length ("duplex") and without ("chunked"); the same counted whole
+// once it is complete ("whole", as before bodies were counted as they
+// arrive); against counting the same body with the tokenizer alone
+// ("count"). Each iteration runs the four in turn, so that their ratios
+// come from the same moments of a shared machine. wait-ms is the time from
+// handing over the last chunk to the decision; cpu-s the process's CPU
+// time, user and system. peak-MiB is how far the process's resident set
+// rose during one of them above where it stood before, with the heap
+// returned to the OS first (the benchmark's own copy of the body is already
+// in it); the largest of the iterations.
 //
 //	go test ./extproc -run '^$' -bench HugePrompt -benchtime 3x
 func BenchmarkHugePrompt(b *testing.B) {
@@ -158,49 +178,62 @@ func BenchmarkHugePrompt(b *testing.B) {
 	}
 	for _, mb := range sizes {
 		body := prose(mb<<20, 1)
-		s := hugeServer(b, tc, 64<<20)
+		s, whole := hugeServer(b, tc, 64<<20, true), hugeServer(b, tc, 64<<20, false)
 		want, err := tc.Count(tokenizer.Request{Path: chatPath, Body: body})
 		if err != nil {
 			b.Fatal(err)
 		}
+		prompt := func(s *Server, contentLength bool) func() time.Duration {
+			return func() time.Duration {
+				back, wait := duplexPrompt(b, s, body, contentLength)
+				if back != len(body) {
+					b.Fatalf("%d bytes sent back, want %d", back, len(body))
+				}
+				return wait
+			}
+		}
 		ops := []struct {
 			name string
-			run  func()
+			run  func() time.Duration // the wait for the decision after the last chunk
 		}{
-			{"count", func() {
+			{"count", func() time.Duration {
 				if c, err := tc.Count(tokenizer.Request{Path: chatPath, Body: body}); err != nil || c.InputTokens != want.InputTokens {
 					b.Fatalf("count %d, %v", c.InputTokens, err)
 				}
+				return 0
 			}},
-			{"duplex", func() {
-				if back := duplexPrompt(b, s, body, true); back != len(body) {
-					b.Fatalf("%d bytes sent back, want %d", back, len(body))
-				}
-			}},
-			{"chunked", func() {
-				if back := duplexPrompt(b, s, body, false); back != len(body) {
-					b.Fatalf("%d bytes sent back, want %d", back, len(body))
-				}
-			}},
+			{"duplex", prompt(s, true)},
+			{"chunked", prompt(s, false)},
+			{"whole", prompt(whole, true)},
 		}
 		b.Run(fmt.Sprintf("%dMB", mb), func(b *testing.B) {
 			took := make([]time.Duration, len(ops))
+			wait := make([]time.Duration, len(ops))
+			cpu := make([]time.Duration, len(ops))
 			peak := make([]float64, len(ops))
 			for b.Loop() {
 				for i, op := range ops {
 					debug.FreeOSMemory()
 					read := vmHWM()
-					start := time.Now()
-					op.run()
+					start, cpu0 := time.Now(), cpuTime()
+					wait[i] += op.run()
 					took[i] += time.Since(start)
+					cpu[i] += cpuTime() - cpu0
 					peak[i] = max(peak[i], read())
 				}
 			}
+			const whole = 3
 			for i, op := range ops {
 				b.ReportMetric(took[i].Seconds()/float64(b.N), op.name+"-s/op")
+				b.ReportMetric(cpu[i].Seconds()/float64(b.N), op.name+"-cpu-s/op")
 				b.ReportMetric(peak[i], op.name+"-peak-MiB")
 				if i > 0 {
 					b.ReportMetric(float64(took[i])/float64(took[0]), op.name+"/count")
+					b.ReportMetric(float64(wait[i].Microseconds())/1e3/float64(b.N), op.name+"-wait-ms")
+				}
+				if i > 0 && i != whole {
+					b.ReportMetric(float64(wait[i])/float64(wait[whole]), op.name+"-wait/whole")
+					b.ReportMetric(float64(cpu[i])/float64(cpu[whole]), op.name+"-cpu/whole")
 				}
 			}
 			b.ReportMetric(float64(want.InputTokens), "tokens")

@@ -4,6 +4,8 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // How a request body reaches the decision, per request body mode (§2.2, §3):
@@ -22,7 +24,10 @@ import (
 //     streamed_response chunks of at most duplexChunk bytes.
 //
 // In every mode the body is gathered in one buffer bounded by MaxBodyBytes
-// and counted once, when it is complete.
+// and counted when it is complete. A body that comes in several chunks
+// (STREAMED, FULL_DUPLEX_STREAMED) is also read as it arrives, and its long
+// strings counted then (tokenizer.Precount): the count at the end takes
+// them as they are, and is the same as the count of the whole body.
 
 // duplexChunk is the largest body chunk sent back in FULL_DUPLEX_STREAMED
 // mode, as Envoy recommends (§2.2).
@@ -58,6 +63,41 @@ func (p *processor) keepChunk(chunk []byte, last bool) {
 		p.req.body = grown
 	}
 	p.req.body = append(p.req.body, chunk...)
+}
+
+// precounter is a tokenCounter that counts a body's long strings while
+// the body arrives: *tokenizer.Counter's, through tokenizerCounter.
+type precounter interface {
+	NewPrecount(path string) *tokenizer.Precount
+	CountPrecounted(req tokenizer.Request, pre *tokenizer.Precount) (tokenizer.Count, error)
+}
+
+// precount reads a chunk of a STREAMED or FULL_DUPLEX_STREAMED body as it
+// arrives, counting the long strings in it, on this goroutine: the work is
+// the body's count done earlier, bounded by the chunk, and Envoy does not
+// send faster than the stream takes chunks. A body in one message is
+// counted whole, at the decision.
+func (p *processor) precount(chunk []byte, last bool) {
+	if p.req.pre == nil {
+		pc, ok := p.s.cfg.counter.(precounter)
+		if !ok || last && p.req.size == len(chunk) {
+			return
+		}
+		p.req.pre = pc.NewPrecount(p.req.path)
+	}
+	p.req.pre.Write(chunk)
+}
+
+// count counts the complete request body, with what was counted as it
+// arrived. The Precount is let go: its memory goes with the decision.
+func (p *processor) count() (tokenizer.Count, error) {
+	req := tokenizer.Request{Path: p.req.path, Policy: p.policy, Body: p.req.body}
+	pre := p.req.pre
+	p.req.pre = nil
+	if pc, ok := p.s.cfg.counter.(precounter); ok && pre != nil {
+		return pc.CountPrecounted(req, pre)
+	}
+	return p.s.cfg.counter.Count(req)
 }
 
 // decideBody decides the request now that its body is complete.

@@ -232,7 +232,10 @@ func apiFromBody(b *body) (api API, embed bool, err error) {
 // Errors wrap ErrMalformed, ErrUnknownAPI, ErrUnknownModel, ErrInvalidCap
 // or ErrFreeEndpoint; their text names fields and byte offsets, never body
 // content.
-func (c *Counter) Count(req Request) (Count, error) {
+func (c *Counter) Count(req Request) (Count, error) { return c.count(req, nil) }
+
+// count is Count, with the string values pre counted (see Precount).
+func (c *Counter) count(req Request, pre *Precount) (Count, error) {
 	b, err := parseBody(req.Body)
 	if err != nil {
 		return Count{}, err
@@ -304,7 +307,7 @@ func (c *Counter) Count(req Request) (Count, error) {
 	}
 	w := c.getWorker()
 	defer c.putWorker(w)
-	t := &tally{v: v, w: w, model: normalizeModel(model), fam: fam}
+	t := &tally{v: v, w: w, model: normalizeModel(model), fam: fam, pre: pre}
 
 	out := Count{API: api, Model: model, ModelKey: modelKey(keyModel), Encoding: enc, Fallback: fallback,
 		Exact: fam == familyOpenAI, Choices: 1, CapFloor: 1}

@@ -22,6 +22,8 @@ type tally struct {
 	n, fixed int
 	// buf holds the canonical text of raw JSON values.
 	buf []byte
+	// pre holds string values counted as the body arrived, or is nil.
+	pre *Precount
 }
 
 func (t *tally) text(s string) { t.n += t.v.countText(t.w, s) }
@@ -179,16 +181,24 @@ func wantArray(v jval, field ...string) error {
 	return nil
 }
 
+// value counts the string value v on its own, as a whole: the one way
+// whole string values are counted, so that a Precount can stand in for it.
+func (t *tally) value(v jval) {
+	if n, ok := t.pre.tokens(v, t.v.name); ok {
+		t.n += n
+		return
+	}
+	t.text(v.str())
+}
+
 // textField counts a string field; absent or null counts nothing.
 func (t *tally) textField(v jval, field ...string) error {
-	s, err := stringField(v, field...)
-	if err != nil {
-		return err
+	if v.kind() == '"' {
+		t.value(v)
+		return nil
 	}
-	if s != "" {
-		t.text(s)
-	}
-	return nil
+	_, err := stringField(v, field...)
+	return err
 }
 
 // callObject counts a {"name", "arguments"} tool call object.
@@ -419,7 +429,7 @@ func (t *tally) property(key string, raw jval) {
 			}
 			t.n += 3
 			if item.kind() == '"' {
-				t.text(item.str())
+				t.value(item)
 			} else {
 				t.raw(item)
 			}
@@ -443,7 +453,7 @@ func (t *tally) content(v jval, field string) error {
 	case 0, 'n':
 		return nil
 	case '"':
-		t.text(v.str())
+		t.value(v)
 		return nil
 	case '[':
 		for p := range v.elems() {
@@ -464,7 +474,7 @@ func (t *tally) content(v jval, field string) error {
 // OpenAI chat, Responses and Anthropic messages.
 type contentPart struct {
 	Type, Refusal, Thinking, Detail string
-	Text                            *string
+	Text                            jval // a string, null or absent
 	ImageURL                        jval
 	// Anthropic tool_use / tool_result
 	Name           string
@@ -529,13 +539,10 @@ func readPart(v jval, field string) (contentPart, error) {
 		}
 		*f.dst = s
 	}
-	if text.present() {
-		s, err := stringField(text, field, "[].text")
-		if err != nil {
-			return p, err
-		}
-		p.Text = &s
+	if text.present() && text.kind() != '"' {
+		return p, errShape(field+"[].text", text, "a string")
 	}
+	p.Text = text
 	if err := wantArray(p.Summary, field, "[].summary"); err != nil {
 		return p, err
 	}
@@ -555,8 +562,8 @@ func (t *tally) part(p *contentPart, field string) error {
 	case "tool_result":
 		return t.content(p.Content, field) // errors name the outer field; the offset points inside
 	}
-	if p.Text != nil {
-		t.text(*p.Text)
+	if p.Text.kind() == '"' {
+		t.value(p.Text)
 	}
 	t.text(p.Refusal)
 	t.text(p.Thinking)
@@ -619,7 +626,7 @@ func (t *tally) prompt(v jval, field string) (int, error) {
 	case 0, 'n':
 		return 0, nil
 	case '"':
-		t.text(v.str())
+		t.value(v)
 		return 1, nil
 	case '[':
 	default:
@@ -639,7 +646,7 @@ func (t *tally) prompt(v jval, field string) (int, error) {
 	for it := range v.elems() {
 		switch it.kind() {
 		case '"':
-			t.text(it.str())
+			t.value(it)
 		case '[':
 			for range it.elems() {
 				t.n++
@@ -666,7 +673,7 @@ func (t *tally) responses(b *body) error {
 	case '"':
 		t.n += 3
 		t.text("user")
-		t.text(b.Input.str())
+		t.value(b.Input)
 	case '[':
 		for v := range b.Input.elems() {
 			it, err := readPart(v, "input")
@@ -704,7 +711,7 @@ func (t *tally) item(it *contentPart) error {
 	case "function_call_output":
 		t.n += 3
 		if it.Output.kind() == '"' {
-			t.text(it.Output.str())
+			t.value(it.Output)
 		} else {
 			t.raw(it.Output)
 		}
