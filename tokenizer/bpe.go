@@ -6,11 +6,6 @@ import (
 	"unicode/utf8"
 )
 
-// smallPiece is the longest piece merged with the simple quadratic scan;
-// longer pieces use a tournament tree so that a hostile prompt (one 100 KB run of a
-// letter, CJK without spaces) costs O(n log n), not O(n²).
-const smallPiece = 16
-
 // The per-worker cache of piece counts is direct-mapped: a fixed array of
 // slots holding the piece's bytes inline, so that a look-up or an insert
 // never allocates and memory stays bounded. A collision simply replaces the
@@ -44,59 +39,69 @@ type worker struct {
 	// cache holds piece counts per vocabulary (indexed by vocab.id),
 	// allocated on first use.
 	cache [numVocabs]*pieceCache
+	// joins holds recent joins per vocabulary (see join), allocated on
+	// first use.
+	joins [numVocabs]*joinCache
 	// work counts BPE merge steps and rank look-ups, for the linearity test.
 	work int
-	// scratch for long and non-ASCII pieces
+	// scratch for long and non-ASCII pieces: the ranks of their parts,
+	// and for long ones the links and tournament tree of mergeLarge
+	toks       []int32
 	next, prev []int32
 	tree       []uint64
-	starts     []int32
-	// recent holds recent short look-ups (hits and misses) per vocabulary:
-	// merges of similar pieces repeat the same look-ups, and this small
-	// table stays in the CPU cache where the vocabulary's does not.
-	recent [numVocabs]*recentRanks
+	scan       scanState
 }
 
-const recentBits = 12
+const (
+	joinBits = 13
+	joinMul  = 0x9E3779B97F4A7C15 // the cache's hash multiplier
+)
 
-type recentRanks struct {
-	keys  [1 << recentBits]uint64
-	ranks [1 << recentBits]int32
+// joinCache is a direct-mapped cache of vocab.joins look-ups, hits and
+// misses, in their format: merges of similar pieces repeat the same
+// joins, and this small table stays in the CPU cache where the
+// vocabulary's does not.
+type joinCache [1 << joinBits]uint64
+
+// joinCache returns the worker's join cache for v.
+func (w *worker) joinCache(v *vocab) *joinCache {
+	jc := w.joins[v.id]
+	if jc == nil {
+		jc = new(joinCache)
+		w.joins[v.id] = jc
+	}
+	return jc
 }
 
-// mergeRank is rank for BPE merges of p[a:b], through the worker's recent
-// table.
-func (v *vocab) mergeRank(w *worker, p string, a, b int32) int32 {
-	n := b - a
-	if n > shortMax {
-		return v.rank(p[a:b])
+// join returns the rank of the token that is tokens a and b joined, or
+// -1, through the cache jc.
+func (v *vocab) join(jc *joinCache, a, b int32) int32 {
+	k := joinKey(a, b)
+	e := jc[(k*joinMul)>>(64-joinBits)]
+	if e>>joinShift != k {
+		e = v.joinMiss(jc, k)
 	}
-	k := packShort(p[a:b])
-	if !v.mayBeShort(k) {
-		return noRank
-	}
-	rc := w.recent[v.id]
-	if rc == nil {
-		rc = new(recentRanks)
-		w.recent[v.id] = rc
-	}
-	i := (k * 0x9E3779B97F4A7C15) >> (64 - recentBits)
-	if rc.keys[i] == k {
-		return rc.ranks[i]
-	}
-	r := v.getShort(k)
-	rc.keys[i], rc.ranks[i] = k, r
-	return r
+	return int32(e&joinMask) - 1
+}
+
+// joinMiss looks up the join of key k in the vocabulary, and caches it.
+//
+//go:noinline
+func (v *vocab) joinMiss(jc *joinCache, k uint64) uint64 {
+	e := v.lookupJoin(k)
+	jc[(k*joinMul)>>(64-joinBits)] = e
+	return e
 }
 
 func newWorker() *worker {
 	return &worker{}
 }
 
-// maxKeptPiece is the longest piece whose merge scratch a worker keeps
-// for the next call. A longer piece (one run of a letter, a CJK text
+// maxKeptPiece is the most parts of a piece whose merge scratch a worker
+// keeps for the next call. A longer piece (one run of a letter, a CJK text
 // without punctuation) allocates its own, which is garbage once counted,
 // so that a pooled worker holds at most ~450 KB of scratch besides its
-// ~350 KB of caches whatever it counted (TestWorkerMemoryBounded).
+// ~400 KB of caches whatever it counted (TestWorkerMemoryBounded).
 const maxKeptPiece = 16 << 10
 
 // trim drops scratch grown past what maxKeptPiece needs.
@@ -107,8 +112,8 @@ func (w *worker) trim() {
 	if cap(w.tree) > 2*maxKeptPiece {
 		w.tree = nil
 	}
-	if cap(w.starts) > maxKeptPiece+1 {
-		w.starts = nil
+	if cap(w.toks) > maxKeptPiece+1 {
+		w.toks = nil
 	}
 }
 
@@ -243,17 +248,26 @@ func (v *vocab) encodePiece(w *worker, p string, dst []int) []int {
 	return dst
 }
 
-// scanParts is the most parts merged with the quadratic scan when a piece
-// starts from whole characters (see premerge.go).
-const scanParts = 64
+// scanParts is the most parts merged with the quadratic scan; pieces
+// with more parts use a tournament tree.
+const scanParts = 32
+
+// In scan, a part's key is the rank of its join with the next part
+// shifted left by keyBits, with the part's index in the low bits. noKey
+// marks no join: a rank of -1 or noRank shifted so.
+const (
+	keyBits = 6 // scanParts <= 1<<keyBits
+	noKey   = math.MaxUint32 &^ (1<<keyBits - 1)
+)
 
 // merge is tiktoken's byte-pair merge of p: repeatedly merge the adjacent
 // pair of parts of lowest rank (leftmost on ties). It returns the number of
-// tokens and, when out is not nil, appends them. Short pieces are merged
-// with a scan, long ones with a tournament tree; a piece with non-ASCII
-// characters is cut around those that BPE never joins with their
-// neighbours, and characters that are one token start as one part, when
-// that provably changes nothing (premerge.go).
+// tokens and, when out is not nil, appends them. Parts are tokens, so a
+// merge looks up the join of two ranks (vocab.joins), never bytes. Short
+// pieces are merged with a scan, long ones with a tournament tree; a piece
+// with non-ASCII characters is cut around those that BPE never joins with
+// their neighbours, and characters that are one token start as one part,
+// when that provably changes nothing (premerge.go).
 func (v *vocab) merge(w *worker, p string, out *[]int) int {
 	for i := 0; i < len(p); i++ {
 		if p[i] >= 0x80 {
@@ -265,20 +279,18 @@ func (v *vocab) merge(w *worker, p string, out *[]int) int {
 
 // mergeBytes merges p from one part per byte.
 func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
-	if len(p) <= smallPiece {
-		var startBuf [smallPiece + 1]int32
-		var rankBuf [smallPiece]int32
-		n := len(p)
-		starts, ranks := startBuf[:n+1], rankBuf[:n]
-		for i := range n - 1 {
-			starts[i] = int32(i)
-			ranks[i] = v.pair[int(p[i])<<8|int(p[i+1])]
+	var buf [scanParts]int32
+	toks := buf[:0]
+	if len(p) > scanParts {
+		if cap(w.toks) < len(p) {
+			w.toks = make([]int32, 0, len(p))
 		}
-		starts[n-1], starts[n] = int32(n-1), int32(n)
-		ranks[n-1] = noRank
-		return v.scan(w, p, starts, ranks, out)
+		toks = w.toks[:0]
 	}
-	return v.mergeLarge(w, p, nil, out)
+	for i := 0; i < len(p); i++ {
+		toks = append(toks, v.bytes[p[i]])
+	}
+	return v.mergeSegment(w, p, toks, true, out)
 }
 
 // mergeChars merges p, which has non-ASCII characters, segment by
@@ -287,10 +299,10 @@ func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
 // inside a segment, a character that may start whole and that no token
 // cuts is one part, others one part per byte (premerge.go).
 func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
-	if cap(w.starts) < len(p)+1 {
-		w.starts = make([]int32, 0, len(p)+1)
+	if cap(w.toks) < len(p) {
+		w.toks = make([]int32, 0, len(p))
 	}
-	starts := w.starts[:0]
+	toks := w.toks[:0]
 	n, seg, whole := 0, 0, false
 	outLen := 0
 	if out != nil {
@@ -299,20 +311,34 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 	for i := 0; i < len(p); {
 		b := p[i]
 		if b < 0x80 {
-			starts = append(starts, int32(i-seg))
+			toks = append(toks, v.bytes[b])
 			i++
 			continue
 		}
+		// Decode the character (as charLen and class do) and look it up.
 		var ci charInfo
-		size := charLen(p, i)
-		switch size {
-		case 2:
-			ci = v.chars[rune(b&0x1F)<<6|rune(p[i+1]&0x3F)]
-		case 3:
-			ci = v.chars[rune(b&0x0F)<<12|rune(p[i+1]&0x3F)<<6|rune(p[i+2]&0x3F)]
-		case 4:
-			ci = v.suppInfo(p[i : i+4])
-		default: // invalid UTF-8: start again with U+FFFD for it
+		size := 0
+		switch {
+		case b < 0xE0:
+			if b >= 0xC2 && i+1 < len(p) && isCont(p[i+1]) {
+				ci, size = v.chars[rune(b&0x1F)<<6|rune(p[i+1]&0x3F)], 2
+			}
+		case b < 0xF0:
+			if i+2 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) {
+				r := rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
+				if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
+					ci, size = v.chars[r], 3
+				}
+			}
+		case b < 0xF5:
+			if i+3 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) && isCont(p[i+3]) {
+				r := rune(b&0x07)<<18 | rune(p[i+1]&0x3F)<<12 | rune(p[i+2]&0x3F)<<6 | rune(p[i+3]&0x3F)
+				if uint32(r-0x10000) < 0x100000 {
+					ci, size = v.suppChar(r), 4
+				}
+			}
+		}
+		if size == 0 { // invalid UTF-8: start again with U+FFFD for it
 			if out != nil {
 				*out = (*out)[:outLen]
 			}
@@ -327,184 +353,191 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		}
 		switch {
 		case uncut && ci.rank >= 0:
-			starts = append(starts, int32(i-seg))
+			toks = append(toks, ci.rank)
 			whole = true
 		case uncut:
 			if seg < i {
-				n += v.mergeSegment(w, p[seg:i], starts, whole, out)
+				n += v.mergeSegment(w, p[seg:i], toks, !whole, out)
 			}
 			n += ci.sepTokens()
 			if out != nil {
 				v.mergeBytes(w, p[i:i+size], out)
 			}
-			seg, starts, whole = i+size, starts[:0], false
+			seg, toks, whole = i+size, toks[:0], false
 		default:
 			for k := range size {
-				starts = append(starts, int32(i+k-seg))
+				toks = append(toks, v.bytes[p[i+k]])
 			}
 		}
 		i += size
 	}
-	return n + v.mergeSegment(w, p[seg:], starts, whole, out)
+	return n + v.mergeSegment(w, p[seg:], toks, !whole, out)
 }
 
-// mergeSegment merges s from the parts that start at starts, which are
-// bytes unless whole.
-func (v *vocab) mergeSegment(w *worker, s string, starts []int32, whole bool, out *[]int) int {
-	switch len(s) {
-	case 0:
-		return 0
-	case 1:
-		if out != nil {
-			*out = append(*out, int(v.bytes[s[0]]))
-		}
-		return 1
-	case 2:
-		if r := v.pair[int(s[0])<<8|int(s[1])]; r != noRank {
-			if out != nil {
-				*out = append(*out, int(r))
-			}
-			return 1
-		}
-		if out != nil {
-			*out = append(*out, int(v.bytes[s[0]]), int(v.bytes[s[1]]))
-		}
-		return 2
-	}
+// mergeSegment merges s from the parts whose ranks are toks (overwritten),
+// which are s's bytes when bytes is true.
+func (v *vocab) mergeSegment(w *worker, s string, toks []int32, bytes bool, out *[]int) int {
+	n := len(toks)
 	switch {
-	case !whole:
-		return v.mergeBytes(w, s, out)
-	case len(starts) == 1:
+	case n == 0:
+		return 0
+	case n == 1:
 		if out != nil {
-			*out = append(*out, int(v.rank(s)))
+			*out = append(*out, int(toks[0]))
 		}
 		return 1
+	case n > scanParts:
+		return v.mergeLarge(w, s, toks, bytes, out)
 	}
-	starts = append(starts, int32(len(s)))
-	if len(starts)-1 <= scanParts {
-		return v.mergeScan(w, s, starts, out)
-	}
-	return v.mergeLarge(w, s, starts, out)
-}
-
-// joinRank returns the rank of p[a:b], the join of two adjacent parts.
-func (v *vocab) joinRank(w *worker, p string, a, b int32) int32 {
-	if b-a == 2 {
-		return v.pair[int(p[a])<<8|int(p[a+1])]
-	}
-	return v.mergeRank(w, p, a, b)
-}
-
-// mergeScan merges the parts of p that start at starts (parts+1
-// boundaries, at most scanParts parts; overwritten) by finding the lowest
-// rank with a scan at every step.
-func (v *vocab) mergeScan(w *worker, p string, starts []int32, out *[]int) int {
-	var rankBuf [scanParts]int32
-	parts := len(starts) - 1
-	ranks := rankBuf[:parts]
-	for i := 0; i < parts-1; i++ {
-		ranks[i] = v.joinRank(w, p, starts[i], starts[i+2])
-	}
-	ranks[parts-1] = noRank
-	return v.scan(w, p, starts, ranks, out)
-}
-
-// scan is the merge loop of mergeScan: ranks[i] is the rank of parts i and
-// i+1 merged (noRank for the last part).
-func (v *vocab) scan(w *worker, p string, starts, ranks []int32, out *[]int) int {
-	parts := len(ranks)
-	w.work += parts
-	for parts > 1 {
-		minR, mi := int32(noRank), -1
-		for i := 0; i < parts-1; i++ {
-			if ranks[i] < minR {
-				minR, mi = ranks[i], i
-			}
+	jc := w.joinCache(v)
+	sc := &w.scan
+	// Keys past the last part are noKey up to the width minKeys reads.
+	width := 8
+	if n > 8 {
+		width = 16
+		if n > 16 {
+			width = scanParts
 		}
-		if mi < 0 {
+	}
+	keys := sc.keys[:width]
+	if bytes {
+		for i := range n - 1 {
+			keys[i] = uint32(v.pair[int(s[i])<<8|int(s[i+1])])<<keyBits | uint32(i)
+		}
+	} else {
+		for i := range n - 1 {
+			keys[i] = uint32(v.join(jc, toks[i], toks[i+1]))<<keyBits | uint32(i)
+		}
+	}
+	for i := n - 1; i < width; i++ {
+		keys[i] = noKey
+	}
+	return v.scan(w, jc, toks, width, out)
+}
+
+// scanState is the scratch of scan, kept in the worker so that it need
+// not be cleared for every segment.
+type scanState struct {
+	// keys holds, for each part, the key of its join with the next part
+	// (see keyBits).
+	keys       [scanParts]uint32
+	next, prev [scanParts]uint8 // the list of parts
+}
+
+// minKeys returns the least of the first width (8, 16 or 32) keys: a
+// branch-free tree of comparisons.
+func (sc *scanState) minKeys(width int) uint32 {
+	k := &sc.keys
+	m := min(min(min(k[0], k[1]), min(k[2], k[3])), min(min(k[4], k[5]), min(k[6], k[7])))
+	if width > 8 {
+		m = min(m, min(min(min(k[8], k[9]), min(k[10], k[11])), min(min(k[12], k[13]), min(k[14], k[15]))))
+		if width > 16 {
+			m = min(m, min(min(min(k[16], k[17]), min(k[18], k[19])), min(min(k[20], k[21]), min(k[22], k[23]))))
+			m = min(m, min(min(min(k[24], k[25]), min(k[26], k[27])), min(min(k[28], k[29]), min(k[30], k[31]))))
+		}
+	}
+	return m
+}
+
+// scan is tiktoken's merge loop on at most scanParts parts: toks holds the
+// rank of each part, w.scan.keys the key of its join with the next part,
+// so that the least key is the merge to make: lowest rank, leftmost on
+// ties. Parts keep their index; a merged part leaves the list and its key
+// becomes noKey.
+func (v *vocab) scan(w *worker, jc *joinCache, toks []int32, width int, out *[]int) int {
+	n := len(toks)
+	sc := &w.scan
+	for i := range n {
+		sc.next[i], sc.prev[i] = uint8(i+1), uint8(i-1)
+	}
+	parts := n
+	w.work += n
+	for {
+		m := sc.minKeys(width)
+		if m >= noKey {
 			break
 		}
 		w.work++
-		// merge parts mi and mi+1
-		for j := mi + 1; j < parts; j++ {
-			starts[j] = starts[j+1]
-		}
-		for j := mi + 1; j < parts-1; j++ {
-			ranks[j] = ranks[j+1]
-		}
 		parts--
-		ranks[parts-1] = noRank
-		if mi+1 < parts {
-			ranks[mi] = v.mergeRank(w, p, starts[mi], starts[mi+2])
+		i := int(m & (1<<keyBits - 1))
+		j := int(sc.next[i])
+		toks[i] = int32(m >> keyBits)
+		sc.keys[j] = noKey
+		nj := int(sc.next[j])
+		sc.next[i] = uint8(nj)
+		// The joins with both neighbours: join, inlined.
+		if nj < n {
+			sc.prev[nj] = uint8(i)
+			k := joinKey(toks[i], toks[nj])
+			e := jc[(k*joinMul)>>(64-joinBits)]
+			if e>>joinShift != k {
+				e = v.joinMiss(jc, k)
+			}
+			sc.keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
 		} else {
-			ranks[mi] = noRank
+			sc.keys[i] = noKey
 		}
-		if mi > 0 {
-			ranks[mi-1] = v.mergeRank(w, p, starts[mi-1], starts[mi+1])
+		if i > 0 {
+			pi := int(sc.prev[i])
+			k := joinKey(toks[pi], toks[i])
+			e := jc[(k*joinMul)>>(64-joinBits)]
+			if e>>joinShift != k {
+				e = v.joinMiss(jc, k)
+			}
+			sc.keys[pi] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(pi)
 		}
 	}
 	if out != nil {
-		for i := range parts {
-			*out = append(*out, int(v.rank(p[starts[i]:starts[i+1]])))
+		for i := 0; i < n; i = int(sc.next[i]) {
+			*out = append(*out, int(toks[i]))
 		}
 	}
 	return parts
 }
 
-// mergeLarge gives the same result as mergeScan in O(n log n): parts form a
-// linked list over byte offsets, and a tournament tree over the positions
-// holds, for each part, the candidate merge with its right neighbour keyed
-// by (rank, position), so the root is the merge tiktoken would pick: lowest
+// mergeLarge gives the same result as scan in O(n log n) for any number of
+// parts: parts form a linked list, and a tournament tree over them holds,
+// for each part, the candidate merge with its right neighbour keyed by
+// (rank, index), so the root is the merge tiktoken would pick: lowest
 // rank, leftmost on ties. A merge updates three leaves; there are fewer
-// than n merges. starts lists the initial part boundaries; nil means one
-// part per byte.
-func (v *vocab) mergeLarge(w *worker, p string, starts []int32, out *[]int) int {
+// than n merges. toks holds the rank of each part (overwritten); the parts
+// are s's bytes when bytes is true.
+func (v *vocab) mergeLarge(w *worker, s string, toks []int32, bytes bool, out *[]int) int {
 	const none = math.MaxUint64
-	n := len(p)
+	n := len(toks)
 	size := 1
 	for size < n {
 		size <<= 1
 	}
-	if cap(w.next) < n+1 {
-		w.next = make([]int32, n+1)
-		w.prev = make([]int32, n+1)
+	if cap(w.next) < n {
+		w.next = make([]int32, n)
+		w.prev = make([]int32, n)
 	}
 	if cap(w.tree) < 2*size {
 		w.tree = make([]uint64, 2*size)
 	}
-	next, prev, tree := w.next[:n+1], w.prev[:n+1], w.tree[:2*size]
-	key := func(r int32, pos int32) uint64 {
-		if r == noRank {
+	next, prev, tree := w.next[:n], w.prev[:n], w.tree[:2*size]
+	jc := w.joinCache(v)
+	// key orders candidate merges; a rank of -1 or noRank is no merge.
+	key := func(r int32, i int32) uint64 {
+		if uint32(r) >= noRank {
 			return none
 		}
-		return uint64(r)<<32 | uint64(pos)
+		return uint64(r)<<32 | uint64(i)
 	}
 	leaves := tree[size:]
-	for i := range leaves {
-		leaves[i] = none
+	for i := range n {
+		next[i], prev[i] = int32(i+1), int32(i-1)
 	}
-	parts := n
-	if starts == nil {
-		for i := range n {
-			next[i] = int32(i + 1)
-			prev[i] = int32(i - 1)
+	for i := 0; i < n-1; i++ {
+		if bytes {
+			leaves[i] = key(v.pair[int(s[i])<<8|int(s[i+1])], int32(i))
+		} else {
+			leaves[i] = key(v.join(jc, toks[i], toks[i+1]), int32(i))
 		}
-		for i := 0; i < n-1; i++ {
-			if r := v.pair[int(p[i])<<8|int(p[i+1])]; r != noRank {
-				leaves[i] = uint64(r)<<32 | uint64(i)
-			}
-		}
-	} else {
-		parts = len(starts) - 1
-		prevStart := int32(-1)
-		for j := range parts {
-			s := starts[j]
-			next[s], prev[s] = starts[j+1], prevStart
-			prevStart = s
-			if j+1 < parts {
-				leaves[s] = key(v.joinRank(w, p, s, starts[j+2]), s)
-			}
-		}
+	}
+	for i := n - 1; i < size; i++ {
+		leaves[i] = none
 	}
 	for i := size - 1; i >= 1; i-- {
 		tree[i] = min(tree[2*i], tree[2*i+1])
@@ -523,31 +556,31 @@ func (v *vocab) mergeLarge(w *worker, p string, starts []int32, out *[]int) int 
 			tree[j] = k
 		}
 	}
-	w.work += parts
+	parts := n
+	w.work += n
 	for tree[1] != none {
 		w.work++
-		pos := int32(uint32(tree[1]))
-		mid := next[pos]
-		end := next[mid]
-		// merge [pos,mid) and [mid,end)
-		next[pos] = end
-		next[mid] = -1
 		parts--
-		update(mid, none)
-		if end < int32(n) {
-			prev[end] = pos
-			update(pos, key(v.mergeRank(w, p, pos, next[end]), pos))
+		i := int32(uint32(tree[1]))
+		toks[i] = int32(tree[1] >> 32)
+		j := next[i]
+		nj := next[j]
+		next[i] = nj
+		update(j, none)
+		if nj < int32(n) {
+			prev[nj] = i
+			update(i, key(v.join(jc, toks[i], toks[nj]), i))
 		} else {
-			update(pos, none)
+			update(i, none)
 		}
-		if pos > 0 {
-			pp := prev[pos]
-			update(pp, key(v.mergeRank(w, p, pp, end), pp))
+		if i > 0 {
+			pi := prev[i]
+			update(pi, key(v.join(jc, toks[pi], toks[i]), pi))
 		}
 	}
 	if out != nil {
 		for i := int32(0); i < int32(n); i = next[i] {
-			*out = append(*out, int(v.rank(p[i:next[i]])))
+			*out = append(*out, int(toks[i]))
 		}
 	}
 	return parts

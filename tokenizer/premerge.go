@@ -256,7 +256,11 @@ func (v *vocab) alone(x string) (toks int, inner int32) {
 
 // suppInfo returns the charInfo of a four-byte character.
 func (v *vocab) suppInfo(x string) charInfo {
-	r := rune(x[0]&0x07)<<18 | rune(x[1]&0x3F)<<12 | rune(x[2]&0x3F)<<6 | rune(x[3]&0x3F)
+	return v.suppChar(rune(x[0]&0x07)<<18 | rune(x[1]&0x3F)<<12 | rune(x[2]&0x3F)<<6 | rune(x[3]&0x3F))
+}
+
+// suppChar returns the charInfo of a character above the BMP.
+func (v *vocab) suppChar(r rune) charInfo {
 	pl := &v.planes[r>>16-1]
 	if !pl.ready.Load() {
 		v.buildPlane(pl, r>>16)

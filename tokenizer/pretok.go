@@ -94,33 +94,33 @@ func classOf(r rune) uint8 {
 }
 
 // class returns the class and byte length of the rune at s[i]. An
-// invalid UTF-8 byte counts as U+FFFD (a symbol), see sanitize.
+// invalid UTF-8 byte counts as U+FFFD (a symbol), see sanitize. Hot loops
+// look up ASCII themselves and call it for the rest.
 func class(s string, i int) (uint8, int) {
-	if b := s[i]; b < utf8.RuneSelf {
-		return bmpClass[b], 1
-	}
-	return classMulti(s, i)
-}
-
-// classMulti is class for a byte that is not ASCII.
-func classMulti(s string, i int) (uint8, int) {
 	b := s[i]
-	// Decode inline the sequences that have no overlong or surrogate
-	// forms: two bytes led by C2..DF (Latin, Greek, Cyrillic, Arabic, ...),
-	// three led by E1..EC or EE..EF (CJK, kana, hangul, Indic, ...), four
-	// led by F1..F3 or F0 with a second byte from 90 (emoji, rare CJK).
+	// Decode valid sequences inline; the checks on the code point reject
+	// overlong forms and surrogates, which the slow path below turns into
+	// U+FFFD one byte at a time.
 	switch {
-	case b-0xC2 < 0x1E:
-		if i+1 < len(s) && s[i+1]&0xC0 == 0x80 {
+	case b < 0x80:
+		return bmpClass[b], 1
+	case b < 0xE0:
+		if b >= 0xC2 && i+1 < len(s) && s[i+1]&0xC0 == 0x80 {
 			return bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
 		}
-	case b-0xE1 < 0x0F && b != 0xED:
+	case b < 0xF0:
 		if i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 {
-			return bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+			r := rune(b&0x0F)<<12 | rune(s[i+1]&0x3F)<<6 | rune(s[i+2]&0x3F)
+			if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
+				return bmpClass[r], 3
+			}
 		}
-	case b-0xF0 < 4:
-		if i+3 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 && s[i+3]&0xC0 == 0x80 && (b != 0xF0 || s[i+1] >= 0x90) {
-			return classOf(rune(b&0x07)<<18 | rune(s[i+1]&0x3F)<<12 | rune(s[i+2]&0x3F)<<6 | rune(s[i+3]&0x3F)), 4
+	case b < 0xF5:
+		if i+3 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 && s[i+3]&0xC0 == 0x80 {
+			r := rune(b&0x07)<<18 | rune(s[i+1]&0x3F)<<12 | rune(s[i+2]&0x3F)<<6 | rune(s[i+3]&0x3F)
+			if uint32(r-0x10000) < 0x100000 {
+				return suppBlocks[int(suppIndex[(r-0x10000)>>8])<<8|int(r&0xFF)], 4
+			}
 		}
 	}
 	r, n := utf8.DecodeRuneInString(s[i:])
@@ -131,7 +131,10 @@ func classMulti(s string, i int) (uint8, int) {
 // of want, and whether it reached the end of s.
 func runEnd(s string, i int, want uint8) (int, bool) {
 	for i < len(s) {
-		c, n := class(s, i)
+		c, n := bmpClass[s[i]], 1
+		if s[i] >= utf8.RuneSelf {
+			c, n = class(s, i)
+		}
 		if c&want == 0 {
 			return i, false
 		}
@@ -293,36 +296,37 @@ func splitCl100k(s string, i int) (int, bool) {
 // followed by an optional contraction, at j, with the backtracking of a
 // greedy U* against W+ resolved by remembering the last W inside the U run.
 func o200kLowerTail(s string, j int) (end int, eof, ok bool) {
-	lastW := -1
+	lastW := -1 // the end of the last W in the U run
 	k := j
+	var c uint8
+	n := 0
 	for k < len(s) {
-		c, n := class(s, k)
+		c, n = bmpClass[s[k]], 1
+		if s[k] >= utf8.RuneSelf {
+			c, n = class(s, k)
+		}
 		if c&clsUpper == 0 {
 			break
 		}
+		k += n
 		if c&clsLower != 0 {
 			lastW = k
 		}
-		k += n
 	}
-	start := -1
-	if k < len(s) {
-		if c, _ := class(s, k); c&clsLower != 0 {
-			start = k
-		}
-	} else {
-		eof = true
+	var e int
+	switch {
+	case k < len(s) && c&clsLower != 0:
+		// s[k] is W but not U: W+ runs from there.
+		e, eof = runEnd(s, k+n, clsLower)
+	case lastW >= 0:
+		// W+ is the last W of the U run: the U that follow it, and s[k],
+		// are not W.
+		e, eof = lastW, k == len(s)
+	default:
+		return 0, k == len(s), false
 	}
-	if start < 0 {
-		start = lastW
-	}
-	if start < 0 {
-		return 0, eof, false
-	}
-	_, n := class(s, start)
-	e, eof2 := runEnd(s, start+n, clsLower)
-	c, eof3 := contraction(s, e)
-	return e + c, eof || eof2 || eof3, true
+	c2, eof2 := contraction(s, e)
+	return e + c2, eof || eof2, true
 }
 
 // o200kUpperHead matches [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*
