@@ -44,23 +44,34 @@ type worker struct {
 	joins [numVocabs]*joinCache
 	// work counts BPE merge steps and rank look-ups, for the linearity test.
 	work int
-	// scratch for long and non-ASCII pieces: the ranks of their parts,
-	// and for long ones the links and tournament tree of mergeLarge
-	toks       []int32
-	next, prev []int32
-	tree       []uint64
-	scan       scanState
+	// scratch for long and non-ASCII pieces: the ranks and offsets of
+	// their parts, and for long ones the links and tournament tree of
+	// mergeLarge
+	toks, starts []int32
+	next, prev   []int32
+	tree         []uint64
+	scan         scanState
 }
 
+// A merge joins two adjacent parts, which are tokens; the join is a token
+// or not. A join is cached as one word: the key of the two ranks
+// (joinKey), shifted left by joinShift, then the rank of the join plus one
+// (0: not a token).
 const (
-	joinBits = 13
-	joinMul  = 0x9E3779B97F4A7C15 // the cache's hash multiplier
+	joinShift = 21
+	joinMask  = 1<<joinShift - 1
+	joinBits  = 13
+	joinMul   = 0x9E3779B97F4A7C15 // the cache's hash multiplier
 )
 
-// joinCache is a direct-mapped cache of vocab.joins look-ups, hits and
-// misses, in their format: merges of similar pieces repeat the same
-// joins, and this small table stays in the CPU cache where the
-// vocabulary's does not.
+// joinKey packs two ranks (below joinMask) into a key of 42 bits; it is
+// never 0, so an empty cache entry matches no key.
+func joinKey(a, b int32) uint64 { return uint64(a+1)<<joinShift | uint64(b) }
+
+// joinCache is a direct-mapped cache of joins, hits and misses: merges of
+// similar pieces repeat the same joins, and this small table stays in the
+// CPU cache where the vocabulary's tables do not. Keyed by ranks, a hit
+// costs no hashing of bytes, whatever the length of the join.
 type joinCache [1 << joinBits]uint64
 
 // joinCache returns the worker's join cache for v.
@@ -73,22 +84,25 @@ func (w *worker) joinCache(v *vocab) *joinCache {
 	return jc
 }
 
-// join returns the rank of the token that is tokens a and b joined, or
-// -1, through the cache jc.
-func (v *vocab) join(jc *joinCache, a, b int32) int32 {
+// join returns the rank of s, the join of adjacent parts of ranks a and
+// b, or -1 when s is not a token, through the cache jc.
+func (v *vocab) join(jc *joinCache, a, b int32, s string) int32 {
 	k := joinKey(a, b)
 	e := jc[(k*joinMul)>>(64-joinBits)]
 	if e>>joinShift != k {
-		e = v.joinMiss(jc, k)
+		e = v.joinMiss(jc, k, s)
 	}
 	return int32(e&joinMask) - 1
 }
 
-// joinMiss looks up the join of key k in the vocabulary, and caches it.
+// joinMiss looks up the join s of key k in the vocabulary and caches it.
 //
 //go:noinline
-func (v *vocab) joinMiss(jc *joinCache, k uint64) uint64 {
-	e := v.lookupJoin(k)
+func (v *vocab) joinMiss(jc *joinCache, k uint64, s string) uint64 {
+	e := k << joinShift
+	if r := v.rank(s); r != noRank {
+		e |= uint64(r) + 1
+	}
 	jc[(k*joinMul)>>(64-joinBits)] = e
 	return e
 }
@@ -113,7 +127,7 @@ func (w *worker) trim() {
 		w.tree = nil
 	}
 	if cap(w.toks) > maxKeptPiece+1 {
-		w.toks = nil
+		w.toks, w.starts = nil, nil
 	}
 }
 
@@ -248,24 +262,12 @@ func (v *vocab) encodePiece(w *worker, p string, dst []int) []int {
 	return dst
 }
 
-// scanParts is the most parts merged with the quadratic scan; pieces
-// with more parts use a tournament tree.
-const scanParts = 32
-
-// In scan, a part's key is the rank of its join with the next part
-// shifted left by keyBits, with the part's index in the low bits. noKey
-// marks no join: a rank of -1 or noRank shifted so.
-const (
-	keyBits = 6 // scanParts <= 1<<keyBits
-	noKey   = math.MaxUint32 &^ (1<<keyBits - 1)
-)
-
 // merge is tiktoken's byte-pair merge of p: repeatedly merge the adjacent
 // pair of parts of lowest rank (leftmost on ties). It returns the number of
-// tokens and, when out is not nil, appends them. Parts are tokens, so a
-// merge looks up the join of two ranks (vocab.joins), never bytes. Short
-// pieces are merged with a scan, long ones with a tournament tree; a piece
-// with non-ASCII characters is cut around those that BPE never joins with
+// tokens and, when out is not nil, appends them. Parts are tokens, so
+// the joins a merge looks up are cached by rank (see join). Short pieces
+// are merged with a scan, long ones with a tournament tree; a piece with
+// non-ASCII characters is cut around those that BPE never joins with
 // their neighbours, and characters that are one token start as one part,
 // when that provably changes nothing (premerge.go).
 func (v *vocab) merge(w *worker, p string, out *[]int) int {
@@ -279,18 +281,26 @@ func (v *vocab) merge(w *worker, p string, out *[]int) int {
 
 // mergeBytes merges p from one part per byte.
 func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
-	var buf [scanParts]int32
-	toks := buf[:0]
+	var tokBuf [scanParts]int32
+	var startBuf [scanParts + 1]int32
+	toks, starts := tokBuf[:0], startBuf[:0]
 	if len(p) > scanParts {
-		if cap(w.toks) < len(p) {
-			w.toks = make([]int32, 0, len(p))
-		}
-		toks = w.toks[:0]
+		w.grow(len(p))
+		toks, starts = w.toks[:0], w.starts[:0]
 	}
 	for i := 0; i < len(p); i++ {
 		toks = append(toks, v.bytes[p[i]])
+		starts = append(starts, int32(i))
 	}
-	return v.mergeSegment(w, p, toks, true, out)
+	return v.mergeSegment(w, p, toks, starts, true, out)
+}
+
+// grow makes the part scratch hold a piece of n bytes.
+func (w *worker) grow(n int) {
+	if cap(w.toks) < n {
+		w.toks = make([]int32, 0, n)
+		w.starts = make([]int32, 0, n+1)
+	}
 }
 
 // mergeChars merges p, which has non-ASCII characters, segment by
@@ -299,11 +309,11 @@ func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
 // inside a segment, a character that may start whole and that no token
 // cuts is one part, others one part per byte (premerge.go).
 func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
-	if cap(w.toks) < len(p) {
-		w.toks = make([]int32, 0, len(p))
-	}
-	toks := w.toks[:0]
-	n, seg, whole := 0, 0, false
+	w.grow(len(p))
+	// The parts of the segment from seg: their ranks and offsets.
+	toks, starts := w.toks[:len(p)], w.starts[:len(p)]
+	bytes := &v.bytes
+	np, n, seg, whole := 0, 0, 0, false
 	outLen := 0
 	if out != nil {
 		outLen = len(*out)
@@ -311,7 +321,8 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 	for i := 0; i < len(p); {
 		b := p[i]
 		if b < 0x80 {
-			toks = append(toks, v.bytes[b])
+			toks[np], starts[np] = bytes[b], int32(i-seg)
+			np++
 			i++
 			continue
 		}
@@ -339,10 +350,7 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 			}
 		}
 		if size == 0 { // invalid UTF-8: start again with U+FFFD for it
-			if out != nil {
-				*out = (*out)[:outLen]
-			}
-			return v.mergeChars(w, sanitize(p), out)
+			return v.mergeInvalid(w, p, out, outLen)
 		}
 		// Whether a token cuts the character: the filters of vocab.near
 		// clear most characters here, the rest in uncut.
@@ -353,30 +361,57 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		}
 		switch {
 		case uncut && ci.rank >= 0:
-			toks = append(toks, ci.rank)
+			toks[np], starts[np] = ci.rank, int32(i-seg)
+			np++
 			whole = true
 		case uncut:
-			if seg < i {
-				n += v.mergeSegment(w, p[seg:i], toks, !whole, out)
+			if np > 0 {
+				n += v.mergeSegment(w, p[seg:i], toks[:np], starts[:np], !whole, out)
 			}
 			n += ci.sepTokens()
 			if out != nil {
 				v.mergeBytes(w, p[i:i+size], out)
 			}
-			seg, toks, whole = i+size, toks[:0], false
+			seg, np, whole = i+size, 0, false
 		default:
 			for k := range size {
-				toks = append(toks, v.bytes[p[i+k]])
+				toks[np], starts[np] = bytes[p[i+k]], int32(i+k-seg)
+				np++
 			}
 		}
 		i += size
 	}
-	return n + v.mergeSegment(w, p[seg:], toks, !whole, out)
+	return n + v.mergeSegment(w, p[seg:], toks[:np], starts[:np], !whole, out)
 }
 
-// mergeSegment merges s from the parts whose ranks are toks (overwritten),
-// which are s's bytes when bytes is true.
-func (v *vocab) mergeSegment(w *worker, s string, toks []int32, bytes bool, out *[]int) int {
+// mergeInvalid is merge for p with invalid UTF-8: it merges p with each
+// invalid byte replaced by U+FFFD (see sanitize), dropping the tokens
+// mergeChars appended to out past outLen before it met the invalid byte.
+//
+//go:noinline
+func (v *vocab) mergeInvalid(w *worker, p string, out *[]int, outLen int) int {
+	if out != nil {
+		*out = (*out)[:outLen]
+	}
+	return v.mergeChars(w, sanitize(p), out)
+}
+
+// scanParts is the most parts merged with the quadratic scan; pieces
+// with more parts use a tournament tree.
+const scanParts = 32
+
+// In scan, a part's key is the rank of its join with the next part
+// shifted left by keyBits, with the part's index in the low bits. noKey
+// marks no join: a rank of -1 or noRank shifted so.
+const (
+	keyBits = 6 // scanParts <= 1<<keyBits
+	noKey   = math.MaxUint32 &^ (1<<keyBits - 1)
+)
+
+// mergeSegment merges s from its parts: toks holds their ranks, starts
+// their offsets (both overwritten; starts has room for one more). The
+// parts are s's bytes when bytes is true.
+func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bool, out *[]int) int {
 	n := len(toks)
 	switch {
 	case n == 0:
@@ -386,8 +421,10 @@ func (v *vocab) mergeSegment(w *worker, s string, toks []int32, bytes bool, out 
 			*out = append(*out, int(toks[0]))
 		}
 		return 1
-	case n > scanParts:
-		return v.mergeLarge(w, s, toks, bytes, out)
+	}
+	starts = append(starts, int32(len(s)))
+	if n > scanParts {
+		return v.mergeLarge(w, s, toks, starts, bytes, out)
 	}
 	jc := w.joinCache(v)
 	sc := &w.scan
@@ -406,13 +443,20 @@ func (v *vocab) mergeSegment(w *worker, s string, toks []int32, bytes bool, out 
 		}
 	} else {
 		for i := range n - 1 {
-			keys[i] = uint32(v.join(jc, toks[i], toks[i+1]))<<keyBits | uint32(i)
+			a, b := starts[i], starts[i+2]
+			var r int32
+			if b-a == 2 { // two bytes
+				r = v.pair[int(s[a])<<8|int(s[a+1])]
+			} else {
+				r = v.join(jc, toks[i], toks[i+1], s[a:b])
+			}
+			keys[i] = uint32(r)<<keyBits | uint32(i)
 		}
 	}
 	for i := n - 1; i < width; i++ {
 		keys[i] = noKey
 	}
-	return v.scan(w, jc, toks, width, out)
+	return v.scan(w, jc, s, toks, starts, width, out)
 }
 
 // scanState is the scratch of scan, kept in the worker so that it need
@@ -439,12 +483,12 @@ func (sc *scanState) minKeys(width int) uint32 {
 	return m
 }
 
-// scan is tiktoken's merge loop on at most scanParts parts: toks holds the
-// rank of each part, w.scan.keys the key of its join with the next part,
-// so that the least key is the merge to make: lowest rank, leftmost on
-// ties. Parts keep their index; a merged part leaves the list and its key
-// becomes noKey.
-func (v *vocab) scan(w *worker, jc *joinCache, toks []int32, width int, out *[]int) int {
+// scan is tiktoken's merge loop on at most scanParts parts of s: toks
+// holds the rank of each part, starts its offset (and len(s) last),
+// w.scan.keys the key of its join with the next part, so that the least
+// key is the merge to make: lowest rank, leftmost on ties. Parts keep
+// their index; a merged part leaves the list and its key becomes noKey.
+func (v *vocab) scan(w *worker, jc *joinCache, s string, toks, starts []int32, width int, out *[]int) int {
 	n := len(toks)
 	sc := &w.scan
 	for i := range n {
@@ -471,7 +515,7 @@ func (v *vocab) scan(w *worker, jc *joinCache, toks []int32, width int, out *[]i
 			k := joinKey(toks[i], toks[nj])
 			e := jc[(k*joinMul)>>(64-joinBits)]
 			if e>>joinShift != k {
-				e = v.joinMiss(jc, k)
+				e = v.joinMiss(jc, k, s[starts[i]:starts[sc.next[nj]]])
 			}
 			sc.keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
 		} else {
@@ -482,7 +526,7 @@ func (v *vocab) scan(w *worker, jc *joinCache, toks []int32, width int, out *[]i
 			k := joinKey(toks[pi], toks[i])
 			e := jc[(k*joinMul)>>(64-joinBits)]
 			if e>>joinShift != k {
-				e = v.joinMiss(jc, k)
+				e = v.joinMiss(jc, k, s[starts[pi]:starts[nj]])
 			}
 			sc.keys[pi] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(pi)
 		}
@@ -500,9 +544,9 @@ func (v *vocab) scan(w *worker, jc *joinCache, toks []int32, width int, out *[]i
 // for each part, the candidate merge with its right neighbour keyed by
 // (rank, index), so the root is the merge tiktoken would pick: lowest
 // rank, leftmost on ties. A merge updates three leaves; there are fewer
-// than n merges. toks holds the rank of each part (overwritten); the parts
-// are s's bytes when bytes is true.
-func (v *vocab) mergeLarge(w *worker, s string, toks []int32, bytes bool, out *[]int) int {
+// than n merges. toks and starts are as for scan; the parts are s's bytes
+// when bytes is true.
+func (v *vocab) mergeLarge(w *worker, s string, toks, starts []int32, bytes bool, out *[]int) int {
 	const none = math.MaxUint64
 	n := len(toks)
 	size := 1
@@ -525,6 +569,13 @@ func (v *vocab) mergeLarge(w *worker, s string, toks []int32, bytes bool, out *[
 		}
 		return uint64(r)<<32 | uint64(i)
 	}
+	// end returns the end of part i.
+	end := func(i int32) int32 {
+		if i == int32(n) {
+			return int32(len(s))
+		}
+		return starts[i]
+	}
 	leaves := tree[size:]
 	for i := range n {
 		next[i], prev[i] = int32(i+1), int32(i-1)
@@ -533,7 +584,7 @@ func (v *vocab) mergeLarge(w *worker, s string, toks []int32, bytes bool, out *[
 		if bytes {
 			leaves[i] = key(v.pair[int(s[i])<<8|int(s[i+1])], int32(i))
 		} else {
-			leaves[i] = key(v.join(jc, toks[i], toks[i+1]), int32(i))
+			leaves[i] = key(v.join(jc, toks[i], toks[i+1], s[starts[i]:starts[i+2]]), int32(i))
 		}
 	}
 	for i := n - 1; i < size; i++ {
@@ -569,13 +620,13 @@ func (v *vocab) mergeLarge(w *worker, s string, toks []int32, bytes bool, out *[
 		update(j, none)
 		if nj < int32(n) {
 			prev[nj] = i
-			update(i, key(v.join(jc, toks[i], toks[nj]), i))
+			update(i, key(v.join(jc, toks[i], toks[nj], s[starts[i]:end(next[nj])]), i))
 		} else {
 			update(i, none)
 		}
 		if i > 0 {
 			pi := prev[i]
-			update(pi, key(v.join(jc, toks[pi], toks[i]), pi))
+			update(pi, key(v.join(jc, toks[pi], toks[i], s[starts[pi]:end(nj)]), pi))
 		}
 	}
 	if out != nil {

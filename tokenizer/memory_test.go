@@ -9,7 +9,7 @@ import (
 // retained returns the bytes of memory a worker holds between calls:
 // merge scratch and caches.
 func (w *worker) retained() int {
-	n := (cap(w.next)+cap(w.prev)+cap(w.toks))*4 + cap(w.tree)*8
+	n := (cap(w.next)+cap(w.prev)+cap(w.toks)+cap(w.starts))*4 + cap(w.tree)*8
 	for i := range numVocabs {
 		if w.cache[i] != nil {
 			n += int(unsafe.Sizeof(*w.cache[i]))

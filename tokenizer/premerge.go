@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"math"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,23 +37,35 @@ import (
 // on its own: the piece is cut around X.
 //
 // Whole (X alone is one token). Starting X as one part gives the same
-// tokens in every context when, besides no token cutting X (and here only
-// tokens that rank below X count, see uncut):
+// tokens in a piece when no token cuts X there (and here only tokens that
+// rank below X count, see uncut) and:
 //
 //  1. (reachable) every merge of BPE on X alone before the last has a rank
 //     below rank(X);
-//  2. (later) every token that starts or ends with the whole X (and is
-//     longer) has a rank above rank(X).
+//  2. (later) no token that extends X (starts or ends with the whole X and
+//     is longer) and ranks below X occurs around X in the piece.
 //
 // Why: until X is whole, the only merges that touch its bytes are those of
 // X alone, and X always becomes whole. Every other merge happens in the
 // same order in both runs: when BPE on bytes picks a merge M while X is
 // incomplete, M's rank m is at most the rank of X's pending inner merge
 // (BPE picks the least), which by (1) is at most rank(X); a merge that
-// needs the whole X has by (2) a rank above rank(X), hence above m, so
-// starting from X never brings it ahead of M. The inequality is strict, so
-// ties (equal ranks, broken leftmost) keep their order too. The argument
-// holds for all the characters of a piece at once.
+// needs the whole X makes a token extending X, which by (2) ranks above
+// rank(X), hence above m, so starting from X never brings it ahead of M.
+// The inequality is strict, so ties (equal ranks, broken leftmost) keep
+// their order too. The argument holds for all the characters of a piece at
+// once.
+//
+// (2) needs no check of its own. A lower-ranked extension T = P·X is the
+// join of two tokens of lower ranks: BPE built it so, and derivable checks
+// it for every such token when the vocabulary loads (a character with one
+// that is not starts as bytes). If the join splits T inside X, its left
+// part ends with a head of X: a cutting token that ranks below X and occurs
+// wherever T does. If it splits T inside P, its right part is a shorter
+// lower-ranked extension ending with X, which occurs there too: by
+// induction, again a cutting token below X occurs. Likewise for X·S. So
+// where no token below rank(X) cuts X, no lower-ranked extension occurs.
+// This matters: tokens such as " X" often rank below X.
 //
 // TestPremergeCutTokens puts every cutting token in its context;
 // TestPremergeMatchesOracle, the fixture of OpenAI's tiktoken and the
@@ -91,6 +105,9 @@ type charMaps struct {
 	beforeBy2        [0x15 << 6]uint16 // by lead byte (E0..F4) and a continuation byte: heads of 1 and 2
 	afterBy3         map[uint32]uint16 // by 3 continuation bytes: tails of 1 to 3
 	beforeBy3        map[uint32]uint16 // by lead byte and 2 continuation bytes: heads of 1 to 3
+	// unsure holds the characters with a lower-ranked extension that is
+	// not the join of two lower-ranked tokens (see charInfo).
+	unsure map[rune]bool
 }
 
 // buildChars computes v.chars for the BMP, the maps from which four-byte
@@ -104,6 +121,14 @@ func (v *vocab) buildChars() {
 		minStart[i], minEnd[i] = none, none
 	}
 	m := &charMaps{minStart: map[rune]int32{}, minEnd: map[rune]int32{}}
+	// m.unsure lists the characters with a lower-ranked extension that is
+	// not the join of two lower-ranked tokens (see charInfo).
+	m.unsure = map[rune]bool{}
+	extends := func(r rune, x, tok string, rank int) {
+		if rx := v.rank(x); int32(rank) < rx && rx != noRank && !v.derivable(tok, int32(rank)) {
+			m.unsure[r] = true
+		}
+	}
 	for rank, tok := range v.tokens {
 		if len(tok) < 2 {
 			continue
@@ -115,6 +140,7 @@ func (v *vocab) buildChars() {
 			} else if old, ok := m.minStart[r]; !ok || int32(rank) < old {
 				m.minStart[r] = int32(rank)
 			}
+			extends(r, tok[:n], tok, rank)
 		}
 		if r, n := utf8.DecodeLastRuneInString(tok); n < len(tok) && n > 1 {
 			if r < 0x10000 {
@@ -122,6 +148,7 @@ func (v *vocab) buildChars() {
 			} else if old, ok := m.minEnd[r]; !ok || int32(rank) < old {
 				m.minEnd[r] = int32(rank)
 			}
+			extends(r, tok[len(tok)-n:], tok, rank)
 		}
 	}
 	// A character's tails and heads are fixed; merge their lists once per
@@ -135,10 +162,7 @@ func (v *vocab) buildChars() {
 			return i
 		}
 		la, lb := &cut.lists[a], &cut.lists[b]
-		l := cutList{two: la.two | lb.two}
-		for i := range l.one {
-			l.one[i] = la.one[i] | lb.one[i]
-		}
+		var l cutList
 		l.next = append(append([]string(nil), la.next...), lb.next...)
 		l.prev = append(append([]string(nil), la.prev...), lb.prev...)
 		l.ranks = append(append([]int32(nil), la.ranks...), lb.ranks...)
@@ -174,7 +198,9 @@ func (v *vocab) buildChars() {
 	}
 	v.cuts = cut.lists
 	v.near = make([]cutNear, len(v.cuts))
-	for i, l := range v.cuts {
+	for i := range v.cuts {
+		l := &v.cuts[i]
+		l.index()
 		for _, rest := range l.next {
 			v.near[i][rest[0]>>6] |= 1 << (rest[0] & 63)
 		}
@@ -190,22 +216,7 @@ func (v *vocab) buildChars() {
 func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
 	m := v.charMaps
 	var ci charInfo
-	switch len(x) {
-	case 2:
-		ci.after, ci.before = m.afterBy1[x[1]&0x3F], m.beforeBy1[x[0]-0xC0]
-	case 3:
-		ci.after = m.afterBy2[int(x[1]&0x3F)<<6|int(x[2]&0x3F)]
-		ci.before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
-	case 4:
-		ci.after = m.afterBy2[int(x[2]&0x3F)<<6|int(x[3]&0x3F)]
-		if l, ok := m.afterBy3[uint32(x[1]&0x3F)<<12|uint32(x[2]&0x3F)<<6|uint32(x[3]&0x3F)]; ok {
-			ci.after = l
-		}
-		ci.before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
-		if l, ok := m.beforeBy3[uint32(x[0])<<12|uint32(x[1]&0x3F)<<6|uint32(x[2]&0x3F)]; ok {
-			ci.before = l
-		}
-	}
+	ci.after, ci.before = m.lists(x)
 	toks, inner := v.alone(x)
 	rx := v.rank(x)
 	switch {
@@ -215,10 +226,41 @@ func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
 		ci.rank = -2 // one token that never joins another
 	case inner < rx && rx < minStart && rx < minEnd:
 		ci.rank = rx
+	case inner < rx:
+		// Lower-ranked extensions, each the join of two lower-ranked
+		// tokens: the cut check finds them in context (see above).
+		if r, _ := utf8.DecodeRuneInString(x); m.unsure[r] {
+			ci.rank = -1
+		} else {
+			ci.rank = rx
+		}
 	default:
 		ci.rank = -1
 	}
 	return ci
+}
+
+// lists returns the cut lists of character x (two to four bytes): of the
+// tokens that start with one of its tails and of those that end with one
+// of its heads.
+func (m *charMaps) lists(x string) (after, before uint16) {
+	switch len(x) {
+	case 2:
+		after, before = m.afterBy1[x[1]&0x3F], m.beforeBy1[x[0]-0xC0]
+	case 3:
+		after = m.afterBy2[int(x[1]&0x3F)<<6|int(x[2]&0x3F)]
+		before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
+	case 4:
+		after = m.afterBy2[int(x[2]&0x3F)<<6|int(x[3]&0x3F)]
+		if l, ok := m.afterBy3[uint32(x[1]&0x3F)<<12|uint32(x[2]&0x3F)<<6|uint32(x[3]&0x3F)]; ok {
+			after = l
+		}
+		before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
+		if l, ok := m.beforeBy3[uint32(x[0])<<12|uint32(x[1]&0x3F)<<6|uint32(x[2]&0x3F)]; ok {
+			before = l
+		}
+	}
+	return after, before
 }
 
 // sepTokens returns the number of tokens of a separate character (rank <
@@ -252,6 +294,17 @@ func (v *vocab) alone(x string) (toks int, inner int32) {
 		parts--
 	}
 	return parts, inner
+}
+
+// derivable reports whether tok, of the given rank, is the join of two
+// tokens of lower ranks, as every token of a vocabulary trained by BPE is.
+func (v *vocab) derivable(tok string, rank int32) bool {
+	for k := 1; k < len(tok); k++ {
+		if v.rank(tok[:k]) < rank && v.rank(tok[k:]) < rank {
+			return true
+		}
+	}
+	return false
 }
 
 // suppInfo returns the charInfo of a four-byte character.
@@ -337,15 +390,70 @@ type cutIndex struct {
 }
 
 // cutList holds the neighbours (the rest of a cutting token, next to the
-// character) of a character's tails or heads, behind a filter on the
-// neighbour's first two bytes (for a head: its last two, nearest first),
-// so that most characters are cleared without comparing strings.
+// character) of a character's tails or heads, sorted by their nearest two
+// bytes (see nearKey), so that a look-up compares only the strings that
+// begin (for a head: end) with the bytes next to the character.
 type cutList struct {
-	one   [4]uint64 // bit b: a neighbour of one byte b
-	two   uint64    // bit pairBit(b0, b1): a longer neighbour starting b0 b1
-	next  []string  // after a tail: the bytes that follow
-	prev  []string  // before a head: the bytes that precede
-	ranks []int32   // the rank of each cutting token, in the order of next or prev
+	one   cutNear  // bit b: a neighbour of one byte b
+	two   uint64   // bit pairBit(b0, b1): a longer neighbour with nearest bytes b0, b1
+	keys  []uint32 // the key of each neighbour, ascending
+	next  []string // after a tail: the bytes that follow
+	prev  []string // before a head: the bytes that precede
+	ranks []int32  // the rank of each cutting token, in the order of next or prev
+}
+
+// nearKey is the key of a neighbour whose nearest byte is b0 and, when it
+// has more than one, next nearest b1 (-1 when it has one).
+func nearKey(b0 byte, b1 int) uint32 { return uint32(b0)<<9 | uint32(b1+1) }
+
+// index sorts the neighbours of l by key.
+func (l *cutList) index() {
+	n := len(l.ranks)
+	keys := make([]uint32, n)
+	order := make([]int, n)
+	for j := range n {
+		order[j] = j
+		switch {
+		case len(l.next) > 0 && len(l.next[j]) == 1:
+			keys[j] = nearKey(l.next[j][0], -1)
+		case len(l.next) > 0:
+			keys[j] = nearKey(l.next[j][0], int(l.next[j][1]))
+		case len(l.prev[j]) == 1:
+			keys[j] = nearKey(l.prev[j][0], -1)
+		default:
+			pre := l.prev[j]
+			keys[j] = nearKey(pre[len(pre)-1], int(pre[len(pre)-2]))
+		}
+	}
+	sort.SliceStable(order, func(a, b int) bool { return keys[order[a]] < keys[order[b]] })
+	sorted := cutList{keys: make([]uint32, n), ranks: make([]int32, n)}
+	for j, o := range order {
+		k := keys[o]
+		sorted.keys[j], sorted.ranks[j] = k, l.ranks[o]
+		if b0, b1 := byte(k>>9), int(k&0x1FF)-1; b1 < 0 {
+			sorted.one[b0>>6] |= 1 << (b0 & 63)
+		} else {
+			sorted.two |= pairBit(b0, byte(b1))
+		}
+		if len(l.next) > 0 {
+			sorted.next = append(sorted.next, l.next[o])
+		} else {
+			sorted.prev = append(sorted.prev, l.prev[o])
+		}
+	}
+	*l = sorted
+}
+
+func pairBit(b0, b1 byte) uint64 { return 1 << ((uint(b0)*11 + uint(b1)) & 63) }
+
+// find returns the range of the neighbours of l with key k.
+func (l *cutList) find(k uint32) (int, int) {
+	lo, _ := slices.BinarySearch(l.keys, k)
+	hi := lo
+	for hi < len(l.keys) && l.keys[hi] == k {
+		hi++
+	}
+	return lo, hi
 }
 
 // cutNear is the first filter of a cutList, kept apart in vocab.near so
@@ -355,8 +463,6 @@ type cutList struct {
 type cutNear [4]uint64
 
 func (f *cutNear) has(b byte) bool { return f[b>>6]&(1<<(b&63)) != 0 }
-
-func pairBit(b0, b1 byte) uint64 { return 1 << ((uint(b0)*11 + uint(b1)) & 63) }
 
 func (c *cutIndex) list(idx *uint16) *cutList {
 	if *idx == 0 {
@@ -380,23 +486,12 @@ func (c *cutIndex) mapList(m map[uint32]uint16, k uint32) *cutList {
 // addNext records rest as following a tail.
 func (l *cutList) addNext(rest string, rank int32) {
 	l.ranks = append(l.ranks, rank)
-	if len(rest) == 1 {
-		l.one[rest[0]>>6] |= 1 << (rest[0] & 63)
-	} else {
-		l.two |= pairBit(rest[0], rest[1])
-	}
 	l.next = append(l.next, rest)
 }
 
 // addPrev records pre as preceding a head.
 func (l *cutList) addPrev(pre string, rank int32) {
 	l.ranks = append(l.ranks, rank)
-	n := len(pre)
-	if n == 1 {
-		l.one[pre[0]>>6] |= 1 << (pre[0] & 63)
-	} else {
-		l.two |= pairBit(pre[n-1], pre[n-2])
-	}
 	l.prev = append(l.prev, pre)
 }
 
@@ -441,11 +536,20 @@ func (l *cutList) followedBy(after string, bound int32) bool {
 	if len(after) == 0 {
 		return false
 	}
-	if l.one[after[0]>>6]&(1<<(after[0]&63)) == 0 && (len(after) < 2 || l.two&pairBit(after[0], after[1]) == 0) {
+	if l.one.has(after[0]) {
+		lo, hi := l.find(nearKey(after[0], -1))
+		for j := lo; j < hi; j++ {
+			if l.ranks[j] < bound {
+				return true
+			}
+		}
+	}
+	if len(after) < 2 || l.two&pairBit(after[0], after[1]) == 0 {
 		return false
 	}
-	for j, rest := range l.next {
-		if l.ranks[j] < bound && strings.HasPrefix(after, rest) {
+	lo, hi := l.find(nearKey(after[0], int(after[1])))
+	for j := lo; j < hi; j++ {
+		if l.ranks[j] < bound && strings.HasPrefix(after, l.next[j]) {
 			return true
 		}
 	}
@@ -459,11 +563,20 @@ func (l *cutList) precededBy(before string, bound int32) bool {
 	if n == 0 {
 		return false
 	}
-	if l.one[before[n-1]>>6]&(1<<(before[n-1]&63)) == 0 && (n < 2 || l.two&pairBit(before[n-1], before[n-2]) == 0) {
+	if l.one.has(before[n-1]) {
+		lo, hi := l.find(nearKey(before[n-1], -1))
+		for j := lo; j < hi; j++ {
+			if l.ranks[j] < bound {
+				return true
+			}
+		}
+	}
+	if n < 2 || l.two&pairBit(before[n-1], before[n-2]) == 0 {
 		return false
 	}
-	for j, pre := range l.prev {
-		if l.ranks[j] < bound && strings.HasSuffix(before, pre) {
+	lo, hi := l.find(nearKey(before[n-1], int(before[n-2])))
+	for j := lo; j < hi; j++ {
+		if l.ranks[j] < bound && strings.HasSuffix(before, l.prev[j]) {
 			return true
 		}
 	}

@@ -129,6 +129,79 @@ func TestPremergeCutTokens(t *testing.T) {
 	}
 }
 
+// TestPremergeExtensions puts every character that may start whole and has
+// lower-ranked extensions (tokens that start or end with it, such as
+// " \u0562", which ranks below "\u0562") in the context of each of them:
+// there the cut check must find a cutting token (by the argument in
+// premerge.go), so that the character starts as bytes. Each case, and the
+// character between filler characters, is compared with the oracle token
+// for token.
+func TestPremergeExtensions(t *testing.T) {
+	c := newTestCounter(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, enc := range encodings {
+		v, err := loadVocab(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var filler []string
+		for r := rune(0x4E00); r < 0xA000; r++ {
+			if v.chars[r].rank >= 0 {
+				filler = append(filler, string(r))
+			}
+		}
+		if len(filler) < 100 {
+			t.Fatalf("%s: only %d filler characters", enc, len(filler))
+		}
+		pick := func() string { return filler[rng.IntN(len(filler))] }
+		cases := 0
+		check := func(text string, at int, x string, ext bool) {
+			t.Helper()
+			if ci := v.info(x); ext && v.uncut(text, at, len(x), ci) {
+				t.Errorf("%s: extension of %+q in %+q not found", enc, x, text)
+			}
+			if utf8.ValidString(text) && oracleKnows(text) {
+				checkEncoding(t, c, enc, text)
+				cases++
+			}
+		}
+		for rank, tok := range v.tokens {
+			if x, n := firstChar(tok); n > 0 && n < len(tok) && v.rank(x) > int32(rank) && v.info(x).rank >= 0 {
+				pre := pick()
+				check(pre+tok+pick(), len(pre), x, true)
+				check(pre+x+pick(), len(pre), x, false)
+			}
+			if x, n := lastChar(tok); n > 0 && n < len(tok) && v.rank(x) > int32(rank) && v.info(x).rank >= 0 {
+				pre := pick() + tok[:len(tok)-n]
+				check(pre+x+pick(), len(pre), x, true)
+			}
+		}
+		if cases < 50 {
+			t.Errorf("%s: only %d extension cases checked", enc, cases)
+		}
+		t.Logf("%s: %d extension cases", enc, cases)
+	}
+}
+
+// firstChar returns the first character of tok and its length when it is
+// a valid character of two to four bytes, else n == 0.
+func firstChar(tok string) (string, int) {
+	r, n := utf8.DecodeRuneInString(tok)
+	if r == utf8.RuneError || n < 2 {
+		return "", 0
+	}
+	return tok[:n], n
+}
+
+// lastChar is firstChar for the last character of tok.
+func lastChar(tok string) (string, int) {
+	r, n := utf8.DecodeLastRuneInString(tok)
+	if r == utf8.RuneError || n < 2 {
+		return "", 0
+	}
+	return tok[len(tok)-n:], n
+}
+
 // lastLead returns the index of the lead byte of tok's last character when
 // that character is incomplete, else -1.
 func lastLead(tok string) int {

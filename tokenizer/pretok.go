@@ -94,16 +94,21 @@ func classOf(r rune) uint8 {
 }
 
 // class returns the class and byte length of the rune at s[i]. An
-// invalid UTF-8 byte counts as U+FFFD (a symbol), see sanitize. Hot loops
-// look up ASCII themselves and call it for the rest.
+// invalid UTF-8 byte counts as U+FFFD (a symbol), see sanitize.
 func class(s string, i int) (uint8, int) {
+	if b := s[i]; b < utf8.RuneSelf {
+		return bmpClass[b], 1
+	}
+	return classMulti(s, i)
+}
+
+// classMulti is class for a byte that is not ASCII.
+func classMulti(s string, i int) (uint8, int) {
 	b := s[i]
 	// Decode valid sequences inline; the checks on the code point reject
 	// overlong forms and surrogates, which the slow path below turns into
 	// U+FFFD one byte at a time.
 	switch {
-	case b < 0x80:
-		return bmpClass[b], 1
 	case b < 0xE0:
 		if b >= 0xC2 && i+1 < len(s) && s[i+1]&0xC0 == 0x80 {
 			return bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
@@ -131,9 +136,18 @@ func class(s string, i int) (uint8, int) {
 // of want, and whether it reached the end of s.
 func runEnd(s string, i int, want uint8) (int, bool) {
 	for i < len(s) {
-		c, n := bmpClass[s[i]], 1
-		if s[i] >= utf8.RuneSelf {
-			c, n = class(s, i)
+		// class, inline for the common lengths
+		b := s[i]
+		c, n := bmpClass[b], 1
+		switch {
+		case b < utf8.RuneSelf:
+		case b-0xC2 < 0x1E && i+1 < len(s) && s[i+1]&0xC0 == 0x80:
+			c, n = bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
+		case b-0xE1 < 0x0C && i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80:
+			// E1..EC: no overlong forms, no surrogates
+			c, n = bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+		default:
+			c, n = classMulti(s, i)
 		}
 		if c&want == 0 {
 			return i, false
@@ -298,13 +312,23 @@ func splitCl100k(s string, i int) (int, bool) {
 func o200kLowerTail(s string, j int) (end int, eof, ok bool) {
 	lastW := -1 // the end of the last W in the U run
 	k := j
-	var c uint8
-	n := 0
+	var lastC uint8 // the class of s[k] when k < len(s)
+	lastN := 0
 	for k < len(s) {
-		c, n = bmpClass[s[k]], 1
-		if s[k] >= utf8.RuneSelf {
-			c, n = class(s, k)
+		// class, inline for the common lengths
+		b := s[k]
+		c, n := bmpClass[b], 1
+		switch {
+		case b < utf8.RuneSelf:
+		case b-0xC2 < 0x1E && k+1 < len(s) && s[k+1]&0xC0 == 0x80:
+			c, n = bmpClass[rune(b&0x1F)<<6|rune(s[k+1]&0x3F)], 2
+		case b-0xE1 < 0x0C && k+2 < len(s) && s[k+1]&0xC0 == 0x80 && s[k+2]&0xC0 == 0x80:
+			// E1..EC: no overlong forms, no surrogates
+			c, n = bmpClass[rune(b&0x0F)<<12|rune(s[k+1]&0x3F)<<6|rune(s[k+2]&0x3F)], 3
+		default:
+			c, n = classMulti(s, k)
 		}
+		lastC, lastN = c, n
 		if c&clsUpper == 0 {
 			break
 		}
@@ -313,6 +337,7 @@ func o200kLowerTail(s string, j int) (end int, eof, ok bool) {
 			lastW = k
 		}
 	}
+	c, n := lastC, lastN
 	var e int
 	switch {
 	case k < len(s) && c&clsLower != 0:

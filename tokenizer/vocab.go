@@ -25,16 +25,6 @@ type vocab struct {
 	name  string
 	id    int // index of the vocabulary in per-worker caches
 	ranks map[string]int32
-	// joins maps two tokens, by their ranks, to the rank of the token
-	// that is their concatenation, if any: every BPE merge joins two
-	// tokens (see lookupJoin).
-	joins     []uint64
-	joinsBits uint
-	// joinFilter is a blocked Bloom filter over the keys of joins, about
-	// 9 bits a key: most look-ups ask for a join that is not a token, and
-	// the filter answers them from the CPU cache where joins is too large
-	// to stay.
-	joinFilter []uint64
 	// pair holds the rank of every two-byte token (index b0<<8|b1), noRank
 	// when the pair is not a token; it spares a map lookup in the first BPE
 	// pass.
@@ -218,8 +208,8 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 			v.filter[i] |= m
 		}
 	}
-	if err := v.buildJoins(); err != nil {
-		return nil, err
+	if len(v.tokens) >= joinMask {
+		return nil, fmt.Errorf("tokenizer: %s: %d tokens, at most %d supported", name, len(v.tokens), joinMask-1)
 	}
 	v.valid = make([]uint64, (len(v.tokens)+63)/64)
 	for r, tok := range v.tokens {
@@ -294,13 +284,15 @@ func (v *vocab) mayBeShort(k uint64) bool {
 // longKey is the filter key of a string longer than midMax: its length,
 // first and last 8 bytes.
 func longKey(s string) uint64 {
-	var a, b uint64
 	n := len(s)
-	for i := range 8 {
-		a |= uint64(s[i]) << (8 * i)
-		b |= uint64(s[n-8+i]) << (8 * i)
-	}
-	return a*0xC2B2AE3D27D4EB4F ^ b*0x165667B19E3779F9 ^ uint64(n)
+	return load64(s, 0)*0xC2B2AE3D27D4EB4F ^ load64(s, n-8)*0x165667B19E3779F9 ^ uint64(n)
+}
+
+// load64 returns the 8 bytes of s at i as a little-endian word (one load).
+func load64(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // mayBeLong is mayBeShort for a string longer than midMax.
@@ -336,11 +328,7 @@ const midMax = 15
 // packMid packs s (8 to 15 bytes): its first 8 bytes, then the rest and
 // its length.
 func packMid(s string) [2]uint64 {
-	var k0 uint64
-	for i := range 8 {
-		k0 |= uint64(s[i]) << (8 * i)
-	}
-	return [2]uint64{k0, packShort(s[8:]) | uint64(len(s))<<60}
+	return [2]uint64{load64(s, 0), packShort(s[8:]) | uint64(len(s))<<60}
 }
 
 func midHash(k [2]uint64) uint64 {
@@ -368,87 +356,4 @@ func (v *vocab) getMid(k [2]uint64) int32 {
 			}
 		}
 	}
-}
-
-// A join entry is one word: the key of its two ranks (joinKey), shifted
-// left by joinShift, then the rank of the join plus one (0: not a token).
-const (
-	joinShift = 21
-	joinMask  = 1<<joinShift - 1
-)
-
-// joinKey packs two ranks (below joinMask) into a key of 42 bits; it is
-// never 0, so an empty entry matches no key.
-func joinKey(a, b int32) uint64 { return uint64(a+1)<<joinShift | uint64(b) }
-
-// buildJoins fills v.joins with every pair of tokens whose concatenation
-// is a token: each split of a token into two tokens.
-func (v *vocab) buildJoins() error {
-	if len(v.tokens) >= joinMask {
-		return fmt.Errorf("tokenizer: %s: %d tokens, at most %d supported", v.name, len(v.tokens), joinMask-1)
-	}
-	var entries []uint64
-	for r, tok := range v.tokens {
-		for k := 1; k < len(tok); k++ {
-			a := v.rank(tok[:k])
-			if a == noRank {
-				continue
-			}
-			if b := v.rank(tok[k:]); b != noRank {
-				entries = append(entries, joinKey(a, b)<<joinShift|uint64(r+1))
-			}
-		}
-	}
-	bits := uint(4)
-	for 1<<bits < 2*len(entries) {
-		bits++
-	}
-	v.joins, v.joinsBits = make([]uint64, 1<<bits), bits
-	mask := uint64(1)<<bits - 1
-	fbits := uint(4)
-	for 1<<fbits*64 < 9*len(entries) {
-		fbits++
-	}
-	v.joinFilter = make([]uint64, 1<<fbits)
-	for _, e := range entries {
-		i, m := joinFilterSlot(e>>joinShift, len(v.joinFilter))
-		v.joinFilter[i] |= m
-	}
-	for _, e := range entries {
-		i := joinHash(e>>joinShift, bits)
-		for v.joins[i] != 0 {
-			i = (i + 1) & mask
-		}
-		v.joins[i] = e
-	}
-	return nil
-}
-
-func joinHash(k uint64, bits uint) uint64 { return (k * 0xC2B2AE3D27D4EB4F) >> (64 - bits) }
-
-// lookupJoin returns the entry of key k, or an entry of k that says its
-// join is not a token.
-func (v *vocab) lookupJoin(k uint64) uint64 {
-	if i, m := joinFilterSlot(k, len(v.joinFilter)); v.joinFilter[i]&m != m {
-		return k << joinShift
-	}
-	mask := uint64(len(v.joins) - 1)
-	for i := joinHash(k, v.joinsBits); ; i = (i + 1) & mask {
-		e := v.joins[i]
-		if e>>joinShift == k {
-			return e
-		}
-		if e == 0 {
-			return k << joinShift
-		}
-	}
-}
-
-// joinFilterSlot returns the word (of n, a power of two) and the three
-// bits of join key k in the join filter.
-func joinFilterSlot(k uint64, n int) (int, uint64) {
-	h := k * 0xD6E8FEB86659FD93
-	h ^= h >> 32
-	h *= 0x9E3779B97F4A7C15
-	return int(h>>40) & (n - 1), 1<<(h&63) | 1<<(h>>6&63) | 1<<(h>>12&63)
 }
