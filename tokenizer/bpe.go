@@ -60,7 +60,7 @@ type worker struct {
 const (
 	joinShift = 21
 	joinMask  = 1<<joinShift - 1
-	joinBits  = 13
+	joinBits  = 14
 	joinMul   = 0x9E3779B97F4A7C15 // the cache's hash multiplier
 )
 
@@ -111,12 +111,12 @@ func newWorker() *worker {
 	return &worker{}
 }
 
-// maxKeptPiece is the most parts of a piece whose merge scratch a worker
-// keeps for the next call. A longer piece (one run of a letter, a CJK text
-// without punctuation) allocates its own, which is garbage once counted,
-// so that a pooled worker holds at most ~450 KB of scratch besides its
-// ~400 KB of caches whatever it counted (TestWorkerMemoryBounded).
-const maxKeptPiece = 16 << 10
+// maxKeptPiece is the longest piece whose merge scratch a worker keeps for
+// the next call. A longer piece (one run of a letter, a CJK text without
+// punctuation) allocates its own, which is garbage once counted, so that a
+// pooled worker holds at most ~260 KB of scratch besides its 512 KB of
+// caches whatever it counted (TestWorkerMemoryBounded).
+const maxKeptPiece = 8 << 10
 
 // trim drops scratch grown past what maxKeptPiece needs.
 func (w *worker) trim() {
@@ -335,17 +335,19 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 				ci, size = v.chars[rune(b&0x1F)<<6|rune(p[i+1]&0x3F)], 2
 			}
 		case b < 0xF0:
-			if i+2 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) {
+			if i+2 < len(p) && load16(p, i+1)&0xC0C0 == 0x8080 {
 				r := rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
 				if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
 					ci, size = v.chars[r], 3
 				}
 			}
 		case b < 0xF5:
-			if i+3 < len(p) && isCont(p[i+1]) && isCont(p[i+2]) && isCont(p[i+3]) {
-				r := rune(b&0x07)<<18 | rune(p[i+1]&0x3F)<<12 | rune(p[i+2]&0x3F)<<6 | rune(p[i+3]&0x3F)
-				if uint32(r-0x10000) < 0x100000 {
-					ci, size = v.suppChar(r), 4
+			if i+3 < len(p) {
+				if w := load32(p, i); w&0xC0C0C000 == 0x80808000 {
+					r := rune(w&0x07)<<18 | rune(w>>8&0x3F)<<12 | rune(w>>16&0x3F)<<6 | rune(w>>24&0x3F)
+					if uint32(r-0x10000) < 0x100000 {
+						ci, size = v.suppChar(r), 4
+					}
 				}
 			}
 		}

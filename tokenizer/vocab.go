@@ -288,6 +288,12 @@ func longKey(s string) uint64 {
 	return load64(s, 0)*0xC2B2AE3D27D4EB4F ^ load64(s, n-8)*0x165667B19E3779F9 ^ uint64(n)
 }
 
+// load16 returns the 2 bytes of s at i as a little-endian word.
+func load16(s string, i int) uint16 {
+	s = s[i : i+2]
+	return uint16(s[0]) | uint16(s[1])<<8
+}
+
 // load64 returns the 8 bytes of s at i as a little-endian word (one load).
 func load64(s string, i int) uint64 {
 	s = s[i : i+8]
