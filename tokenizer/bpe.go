@@ -399,8 +399,10 @@ func (v *vocab) mergeInvalid(w *worker, p string, out *[]int, outLen int) int {
 }
 
 // scanParts is the most parts merged with the quadratic scan; pieces
-// with more parts use a tournament tree.
-const scanParts = 32
+// with more parts use a tournament tree. A CJK piece of up to 64
+// characters that start whole stays in the scan, whose keys sit in one
+// cache line per 16 parts.
+const scanParts = 64
 
 // In scan, a part's key is the rank of its join with the next part
 // shifted left by keyBits, with the part's index in the low bits. noKey
@@ -433,10 +435,7 @@ func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bo
 	// Keys past the last part are noKey up to the width minKeys reads.
 	width := 8
 	if n > 8 {
-		width = 16
-		if n > 16 {
-			width = scanParts
-		}
+		width = (n + 15) &^ 15 // 16, 32, 48 or 64
 	}
 	keys := sc.keys[:width]
 	if bytes {
@@ -446,13 +445,17 @@ func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bo
 	} else {
 		for i := range n - 1 {
 			a, b := starts[i], starts[i+2]
-			var r int32
 			if b-a == 2 { // two bytes
-				r = v.pair[int(s[a])<<8|int(s[a+1])]
-			} else {
-				r = v.join(jc, toks[i], toks[i+1], s[a:b])
+				keys[i] = uint32(v.pair[int(s[a])<<8|int(s[a+1])])<<keyBits | uint32(i)
+				continue
 			}
-			keys[i] = uint32(r)<<keyBits | uint32(i)
+			// join, inlined: most keys of a CJK piece are joins
+			k := joinKey(toks[i], toks[i+1])
+			e := jc[(k*joinMul)>>(64-joinBits)]
+			if e>>joinShift != k {
+				e = v.joinMiss(jc, k, s[a:b])
+			}
+			keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
 		}
 	}
 	for i := n - 1; i < width; i++ {
@@ -470,16 +473,18 @@ type scanState struct {
 	next, prev [scanParts]uint8 // the list of parts
 }
 
-// minKeys returns the least of the first width (8, 16 or 32) keys: a
-// branch-free tree of comparisons.
+// minKeys returns the least of the first width (8 or a multiple of 16)
+// keys: a branch-free tree of comparisons, eight keys at a time.
 func (sc *scanState) minKeys(width int) uint32 {
 	k := &sc.keys
 	m := min(min(min(k[0], k[1]), min(k[2], k[3])), min(min(k[4], k[5]), min(k[6], k[7])))
 	if width > 8 {
 		m = min(m, min(min(min(k[8], k[9]), min(k[10], k[11])), min(min(k[12], k[13]), min(k[14], k[15]))))
 		if width > 16 {
-			m = min(m, min(min(min(k[16], k[17]), min(k[18], k[19])), min(min(k[20], k[21]), min(k[22], k[23]))))
-			m = min(m, min(min(min(k[24], k[25]), min(k[26], k[27])), min(min(k[28], k[29]), min(k[30], k[31]))))
+			for i := 16; i < width; i += 8 {
+				k := (*[8]uint32)(k[i : i+8])
+				m = min(m, min(min(min(k[0], k[1]), min(k[2], k[3])), min(min(k[4], k[5]), min(k[6], k[7]))))
+			}
 		}
 	}
 	return m
