@@ -329,14 +329,16 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		// Decode the character (as charLen and class do) and look it up.
 		var ci charInfo
 		size := 0
+		r := rune(0)
 		switch {
 		case b < 0xE0:
 			if b >= 0xC2 && i+1 < len(p) && isCont(p[i+1]) {
-				ci, size = v.chars[rune(b&0x1F)<<6|rune(p[i+1]&0x3F)], 2
+				r = rune(b&0x1F)<<6 | rune(p[i+1]&0x3F)
+				ci, size = v.chars[r], 2
 			}
 		case b < 0xF0:
 			if i+2 < len(p) && load16(p, i+1)&0xC0C0 == 0x8080 {
-				r := rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
+				r = rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
 				if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
 					ci, size = v.chars[r], 3
 				}
@@ -353,6 +355,17 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		}
 		if size == 0 { // invalid UTF-8: start again with U+FFFD for it
 			return v.mergeInvalid(w, p, out, outLen)
+		}
+		// A piece that starts with a space and this character may start
+		// with both as one part (premerge.go): the space is part 0.
+		if i == 1 && p[0] == ' ' && size < 4 {
+			if rt := v.spaced[r]; rt >= 0 && (ci.after == 0 || 1+size == len(p) ||
+				!v.near[ci.after].has(p[1+size]) || !v.cuts[ci.after].followedBy(p[1+size:], rt)) {
+				toks[0] = rt
+				whole = true
+				i += size
+				continue
+			}
 		}
 		// Whether a token cuts the character: the filters of vocab.near
 		// clear most characters here, the rest in uncut.

@@ -67,6 +67,20 @@ import (
 // where no token below rank(X) cuts X, no lower-ranked extension occurs.
 // This matters: tokens such as " X" often rank below X.
 //
+// Spaced. A piece that starts with a space and a character X of two or
+// three bytes, " X", may start with " X" as one part, by the same
+// argument with " X" for X, when " X" alone is one token T reached by
+// merges of lower rank (1) and no token cuts " X" there. Nothing precedes
+// it in the piece, so a cutting token starts with a proper tail of " X"
+// and goes on past it: it starts with a tail of X (the cut list of X,
+// checked in context, only tokens below rank(T) counting) or with the
+// whole X. The vocabulary settles the rest once (spacedRanks): no longer
+// token starting with X, and none starting with T, ranks below T, so no
+// such token cuts " X" and (2) holds. In most scripts " X" is a token of
+// lower rank than the tokens " " followed by X's lead byte, which cut X
+// itself: without this, the first character of every word of such a
+// script would start as bytes.
+//
 // TestPremergeCutTokens puts every cutting token in its context;
 // TestPremergeMatchesOracle, the fixture of OpenAI's tiktoken and the
 // differential tests compare the result token for token.
@@ -117,8 +131,10 @@ func (v *vocab) buildChars() {
 	cut := cutIndex{lists: make([]cutList, 1), tail3: map[uint32]uint16{}, head3: map[uint32]uint16{}}
 	minStart := make([]int32, 0x10000) // least rank of a longer token starting with the rune
 	minEnd := make([]int32, 0x10000)   // least rank of a longer token ending with the rune
+	// least rank of a token longer than " "+rune starting with it
+	minSpaced := make([]int32, 0x10000)
 	for i := range minStart {
-		minStart[i], minEnd[i] = none, none
+		minStart[i], minEnd[i], minSpaced[i] = none, none, none
 	}
 	m := &charMaps{minStart: map[rune]int32{}, minEnd: map[rune]int32{}}
 	// m.unsure lists the characters with a lower-ranked extension that is
@@ -141,6 +157,11 @@ func (v *vocab) buildChars() {
 				m.minStart[r] = int32(rank)
 			}
 			extends(r, tok[:n], tok, rank)
+		}
+		if tok[0] == ' ' {
+			if r, n := utf8.DecodeRuneInString(tok[1:]); n > 1 && 1+n < len(tok) && r < 0x10000 {
+				minSpaced[r] = min(minSpaced[r], int32(rank))
+			}
 		}
 		if r, n := utf8.DecodeLastRuneInString(tok); n < len(tok) && n > 1 {
 			if r < 0x10000 {
@@ -196,6 +217,7 @@ func (v *vocab) buildChars() {
 		n := utf8.EncodeRune(buf[:], rune(r))
 		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r])
 	}
+	v.spaced = v.spacedRanks(minStart, minSpaced)
 	v.cuts = cut.lists
 	v.near = make([]cutNear, len(v.cuts))
 	for i := range v.cuts {
@@ -238,6 +260,29 @@ func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
 		ci.rank = -1
 	}
 	return ci
+}
+
+// spacedRanks returns, for every character X of two or three bytes, the
+// rank of the token " X" when a piece starting with " X" may start with it
+// as one part (see Spaced above), else -1. minStart and minSpaced hold the
+// least ranks of the longer tokens starting with X and with " X".
+func (v *vocab) spacedRanks(minStart, minSpaced []int32) []int32 {
+	spaced := make([]int32, len(v.chars))
+	for r := range spaced {
+		spaced[r] = -1
+		if r < 0x80 || (0xD800 <= r && r < 0xE000) {
+			continue
+		}
+		x := " " + string(rune(r))
+		rt := v.rank(x)
+		if rt == noRank || minStart[r] < rt || minSpaced[r] < rt {
+			continue
+		}
+		if toks, inner := v.alone(x); toks == 1 && inner < rt {
+			spaced[r] = rt
+		}
+	}
+	return spaced
 }
 
 // lists returns the cut lists of character x (two to four bytes): of the

@@ -183,6 +183,82 @@ func TestPremergeExtensions(t *testing.T) {
 	}
 }
 
+// TestPremergeSpaced checks pieces that start with a space and a character
+// that may start with it as one part (premerge.go): each such character
+// followed by its neighbours in the code chart, by ASCII and by characters
+// of other scripts, and, in the context where it matches, by the rest of
+// every byte-level token that starts with one of its tails: there " X"
+// must start as bytes unless the token ranks above " X". Every case is
+// compared with the oracle token for token.
+func TestPremergeSpaced(t *testing.T) {
+	c := newTestCounter(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, enc := range encodings {
+		v, err := loadVocab(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spaced []string
+		tails := map[string][]string{} // spaced characters by their proper tails
+		for r, rt := range v.spaced {
+			if rt < 0 {
+				continue
+			}
+			x := string(rune(r))
+			spaced = append(spaced, x)
+			for k := 1; k < len(x); k++ {
+				if len(tails[x[k:]]) < 16 {
+					tails[x[k:]] = append(tails[x[k:]], x)
+				}
+			}
+		}
+		if len(spaced) < 200 {
+			t.Fatalf("%s: only %d characters start with a space as one part", enc, len(spaced))
+		}
+		cases := 0
+		check := func(text string) {
+			t.Helper()
+			if utf8.ValidString(text) && oracleKnows(text) {
+				checkEncoding(t, c, enc, text)
+				cases++
+			}
+		}
+		pick := func() string { return spaced[rng.IntN(len(spaced))] }
+		for _, x := range spaced {
+			r, _ := utf8.DecodeRuneInString(x)
+			check(" " + x)
+			for d := rune(-2); d <= 2; d++ {
+				check(" " + x + string(r+d) + string(r-d))
+			}
+			check(" " + x + "a")
+			check(" " + x + pick() + pick())
+		}
+		cut := 0
+		for rank, tok := range v.tokens {
+			k := 0
+			for k < len(tok) && isCont(tok[k]) {
+				k++
+			}
+			if k == 0 || k == len(tok) {
+				continue
+			}
+			xs := tails[tok[:k]]
+			for range min(3, len(xs)) {
+				x := xs[rng.IntN(len(xs))]
+				r, _ := utf8.DecodeRuneInString(x)
+				if int32(rank) < v.spaced[r] {
+					cut++
+				}
+				check(" " + x + tok[k:] + pick())
+			}
+		}
+		if cases < 1000 || cut < 20 {
+			t.Errorf("%s: only %d cases checked, %d of them cut", enc, cases, cut)
+		}
+		t.Logf("%s: %d spaced characters, %d cases, %d cut", enc, len(spaced), cases, cut)
+	}
+}
+
 // firstChar returns the first character of tok and its length when it is
 // a valid character of two to four bytes, else n == 0.
 func firstChar(tok string) (string, int) {
