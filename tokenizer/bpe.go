@@ -357,12 +357,16 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 			return v.mergeInvalid(w, p, out, outLen)
 		}
 		// A piece that starts with a space and this character may start
-		// with both as one part (premerge.go): the space is part 0.
+		// from their tokens alone (premerge.go): the space is part 0.
 		if i == 1 && p[0] == ' ' && size < 4 {
-			if rt := v.spaced[r]; rt >= 0 && (ci.after == 0 || 1+size == len(p) ||
-				!v.near[ci.after].has(p[1+size]) || !v.cuts[ci.after].followedBy(p[1+size:], rt)) {
-				toks[0] = rt
-				whole = true
+			if k := v.spacedIndex[r]; k != 0 && v.spacedUncut(&v.spaced[k], ci, p[1+size:]) {
+				sp := &v.spaced[k]
+				at := int32(0)
+				for j := range int(sp.n) {
+					toks[j], starts[j] = sp.toks[j], at
+					at += int32(sp.lens[j])
+				}
+				np, whole = int(sp.n), true
 				i += size
 				continue
 			}
@@ -397,6 +401,19 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		i += size
 	}
 	return n + v.mergeSegment(w, p[seg:], toks[:np], starts[:np], !whole, out)
+}
+
+// spacedUncut reports whether no token below sp.bound that starts with a
+// tail of the character (list c.after) or with the whole character
+// (sp.ext) begins the rest of the piece after it.
+func (v *vocab) spacedUncut(sp *spacedStart, c charInfo, rest string) bool {
+	if rest == "" {
+		return true
+	}
+	if c.after != 0 && v.near[c.after].has(rest[0]) && v.cuts[c.after].followedBy(rest, sp.bound) {
+		return false
+	}
+	return sp.ext == 0 || !v.near[sp.ext].has(rest[0]) || !v.cuts[sp.ext].followedBy(rest, sp.bound)
 }
 
 // mergeInvalid is merge for p with invalid UTF-8: it merges p with each

@@ -68,18 +68,23 @@ import (
 // This matters: tokens such as " X" often rank below X.
 //
 // Spaced. A piece that starts with a space and a character X of two or
-// three bytes, " X", may start with " X" as one part, by the same
-// argument with " X" for X, when " X" alone is one token T reached by
-// merges of lower rank (1) and no token cuts " X" there. Nothing precedes
-// it in the piece, so a cutting token starts with a proper tail of " X"
-// and goes on past it: it starts with a tail of X (the cut list of X,
-// checked in context, only tokens below rank(T) counting) or with the
-// whole X. The vocabulary settles the rest once (spacedRanks): no longer
-// token starting with X, and none starting with T, ranks below T, so no
-// such token cuts " X" and (2) holds. In most scripts " X" is a token of
-// lower rank than the tokens " " followed by X's lead byte, which cut X
-// itself: without this, the first character of every word of such a
-// script would start as bytes.
+// three bytes may start from the tokens of P = " X" alone, T1..Tk, as
+// parts, when the merges of BPE on P alone all rank at most R and every
+// token that would cross P's end ranks above R. Until P reaches T1..Tk,
+// one of its own merges (rank <= R) is pending, so BPE on bytes picks no
+// merge above R: none crosses P's end (nothing precedes P in the piece),
+// P's bytes are merged as alone, and every merge it picks elsewhere ranks
+// at most R. A merge that needs T1..Tk (of the last part with the next)
+// ranks above R, so starting from them never brings it ahead of those.
+// The merges outside P thus happen in the same order in both runs. A
+// token that crosses P's end starts with a proper tail of P and goes on
+// past it: with a tail of X (the cut list of X), with the whole X (the
+// extensions of X below R, listed when the vocabulary loads), or, when k
+// is 1, with the whole P (the vocabulary rules out those below R). Both
+// lists are checked in context. In most scripts " X" is a token of lower
+// rank than the tokens of a space and X's lead byte, which cut X itself:
+// without this, the first character of every word of such a script would
+// start as bytes.
 //
 // TestPremergeCutTokens puts every cutting token in its context;
 // TestPremergeMatchesOracle, the fixture of OpenAI's tiktoken and the
@@ -217,7 +222,7 @@ func (v *vocab) buildChars() {
 		n := utf8.EncodeRune(buf[:], rune(r))
 		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r])
 	}
-	v.spaced = v.spacedRanks(minStart, minSpaced)
+	v.spacedStarts(&cut, minSpaced)
 	v.cuts = cut.lists
 	v.near = make([]cutNear, len(v.cuts))
 	for i := range v.cuts {
@@ -262,27 +267,83 @@ func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
 	return ci
 }
 
-// spacedRanks returns, for every character X of two or three bytes, the
-// rank of the token " X" when a piece starting with " X" may start with it
-// as one part (see Spaced above), else -1. minStart and minSpaced hold the
-// least ranks of the longer tokens starting with X and with " X".
-func (v *vocab) spacedRanks(minStart, minSpaced []int32) []int32 {
-	spaced := make([]int32, len(v.chars))
-	for r := range spaced {
-		spaced[r] = -1
-		if r < 0x80 || (0xD800 <= r && r < 0xE000) {
+// spacedStart is how a piece that starts with a space and a character X
+// starts (see Spaced above): with parts toks[:n] of lengths lens[:n], the
+// tokens of " X" alone, when no token of rank below bound crosses the end
+// of " X": none of the cut list of X, and none of ext, the tokens that
+// start with X and go on (0: none below bound).
+type spacedStart struct {
+	bound int32
+	toks  [3]int32
+	lens  [3]uint8
+	n     uint8
+	ext   uint16
+}
+
+// spacedStarts computes v.spaced and v.spacedIndex for the characters of
+// two and three bytes, adding the lists of extensions to cut. minSpaced
+// holds the least rank of a token longer than " X" that starts with " X".
+func (v *vocab) spacedStarts(cut *cutIndex, minSpaced []int32) {
+	v.spacedIndex = make([]uint16, len(v.chars))
+	v.spaced = make([]spacedStart, 1) // 0: none
+	for r := range v.spacedIndex {
+		if r < 0x80 || (0xD800 <= r && r < 0xE000) || len(v.spaced) == math.MaxUint16 {
 			continue
 		}
 		x := " " + string(rune(r))
-		rt := v.rank(x)
-		if rt == noRank || minStart[r] < rt || minSpaced[r] < rt {
+		var sp spacedStart
+		var lens [5]int
+		n, bound := v.aloneParts(x, &lens)
+		if bound < 0 || n > len(sp.toks) || n == 1 && minSpaced[r] < bound {
 			continue
 		}
-		if toks, inner := v.alone(x); toks == 1 && inner < rt {
-			spaced[r] = rt
+		sp.bound, sp.n = bound, uint8(n)
+		at := 0
+		for j := range n {
+			sp.toks[j], sp.lens[j] = v.rank(x[at:at+lens[j]]), uint8(lens[j])
+			at += lens[j]
+		}
+		v.spacedIndex[r] = uint16(len(v.spaced))
+		v.spaced = append(v.spaced, sp)
+	}
+	// The extensions of each such character that rank below its bound.
+	for rank, tok := range v.tokens {
+		r, n := utf8.DecodeRuneInString(tok)
+		if n < 2 || n == len(tok) || r >= 0x10000 {
+			continue
+		}
+		if i := v.spacedIndex[r]; i != 0 && int32(rank) < v.spaced[i].bound {
+			cut.list(&v.spaced[i].ext).addNext(tok[n:], int32(rank))
 		}
 	}
-	return spaced
+}
+
+// aloneParts runs BPE on the bytes of x (at most 4) alone, stores the
+// lengths of the resulting tokens in lens and returns their number and the
+// highest rank of its merges (-1: none).
+func (v *vocab) aloneParts(x string, lens *[5]int) (int, int32) {
+	parts := len(x)
+	for i := range parts {
+		lens[i] = 1
+	}
+	high := int32(-1)
+	for parts > 1 {
+		minR, mi, at := int32(noRank), -1, 0
+		for i := 0; i < parts-1; i++ {
+			if r := v.rank(x[at : at+lens[i]+lens[i+1]]); r < minR {
+				minR, mi = r, i
+			}
+			at += lens[i]
+		}
+		if mi < 0 {
+			break
+		}
+		high = max(high, minR)
+		lens[mi] += lens[mi+1]
+		copy(lens[mi+1:parts], lens[mi+2:parts+1])
+		parts--
+	}
+	return parts, high
 }
 
 // lists returns the cut lists of character x (two to four bytes): of the

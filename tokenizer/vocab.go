@@ -58,11 +58,12 @@ type vocab struct {
 	planes   [16]suppPlane // the same for planes 1 to 16, on first use
 	charMaps *charMaps
 	cuts     []cutList
-	// spaced holds, for every rune below 0x10000, the rank of " " and the
-	// character when a piece that starts with them may start with that
-	// token as one part, else -1 (premerge.go).
-	spaced []int32
-	near   []cutNear // the first filter of each of cuts
+	// spacedIndex holds, for every rune below 0x10000, the index in
+	// spaced of how a piece that starts with a space and the character
+	// may start (0: from bytes; premerge.go).
+	spacedIndex []uint16
+	spaced      []spacedStart
+	near        []cutNear // the first filter of each of cuts
 	// split finds the end of the pre-tokenizer piece starting at i.
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
