@@ -479,6 +479,18 @@ func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bo
 				keys[i] = uint32(v.pair[int(s[a])<<8|int(s[a+1])])<<keyBits | uint32(i)
 				continue
 			}
+			// A join of up to 7 bytes (two characters, mostly) is looked up
+			// directly: most are not tokens, and the filter answers those
+			// with one load, where the join cache, which often misses on
+			// the many pairs of characters, costs one more.
+			if b-a <= shortMax {
+				r := int32(noRank)
+				if k := packShort(s[a:b]); v.mayBeShort(k) {
+					r = v.getShort(k)
+				}
+				keys[i] = uint32(r)<<keyBits | uint32(i)
+				continue
+			}
 			// join, inlined: most keys of a CJK piece are joins
 			k := joinKey(toks[i], toks[i+1])
 			e := jc[(k*joinMul)>>(64-joinBits)]
