@@ -285,18 +285,21 @@ func splitCl100k(s string, i int) (int, bool) {
 	if n > 0 {
 		return i + n, false
 	}
-	c0, n0 := class(s, i)
+	c0, n0 := bmpClass[s[i]], 1 // class, inline for ASCII
+	if s[i] >= utf8.RuneSelf {
+		c0, n0 = classMulti(s, i)
+	}
 	if c0&clsL != 0 {
 		e, eof2 := runEnd(s, i+n0, clsL)
 		return e, eof || eof2
 	}
 	if c0&(clsL|clsN|clsNL) == 0 {
-		if i+n0 >= len(s) {
-			eof = true
-		} else if c1, n1 := class(s, i+n0); c1&clsL != 0 {
-			e, eof2 := runEnd(s, i+n0+n1, clsL)
+		// [^\r\n\p{L}\p{N}]?\p{L}+ with the optional character
+		e, eof2 := runEnd(s, i+n0, clsL)
+		if e > i+n0 {
 			return e, eof || eof2
 		}
+		eof = eof || i+n0 >= len(s)
 	}
 	if c0&clsN != 0 {
 		e, eof2 := splitDigits(s, i)
@@ -385,7 +388,10 @@ func o200kUpperHead(s string, j int) (end int, eof, ok bool) {
 //	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
 //	\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 func splitO200k(s string, i int) (int, bool) {
-	c0, n0 := class(s, i)
+	c0, n0 := bmpClass[s[i]], 1 // class, inline for ASCII
+	if s[i] >= utf8.RuneSelf {
+		c0, n0 = classMulti(s, i)
+	}
 	opt := c0&(clsL|clsN|clsNL) == 0 // may be taken by [^\r\n\p{L}\p{N}]?
 	eof := false
 	if opt {
