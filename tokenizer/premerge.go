@@ -285,7 +285,8 @@ type spacedStart struct {
 // holds the least rank of a token longer than " X" that starts with " X".
 func (v *vocab) spacedStarts(cut *cutIndex, minSpaced []int32) {
 	v.spacedIndex = make([]uint16, len(v.chars))
-	v.spaced = make([]spacedStart, 1) // 0: none
+	// 0: none; most characters qualify, so one allocation holds them all
+	v.spaced = make([]spacedStart, 1, len(v.chars))
 	for r := range v.spacedIndex {
 		if r < 0x80 || (0xD800 <= r && r < 0xE000) || len(v.spaced) == math.MaxUint16 {
 			continue
