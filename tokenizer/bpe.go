@@ -503,7 +503,7 @@ func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bo
 	for i := n - 1; i < width; i++ {
 		keys[i] = noKey
 	}
-	return v.scan(w, jc, s, toks, starts, width, out)
+	return v.scan(w, jc, s, toks, starts, width, bytes, out)
 }
 
 // scanState is the scratch of scan, kept in the worker so that it need
@@ -537,7 +537,8 @@ func (sc *scanState) minKeys(width int) uint32 {
 // w.scan.keys the key of its join with the next part, so that the least
 // key is the merge to make: lowest rank, leftmost on ties. Parts keep
 // their index; a merged part leaves the list and its key becomes noKey.
-func (v *vocab) scan(w *worker, jc *joinCache, s string, toks, starts []int32, width int, out *[]int) int {
+// bytes tells that the parts started as s's bytes.
+func (v *vocab) scan(w *worker, jc *joinCache, s string, toks, starts []int32, width int, bytes bool, out *[]int) int {
 	n := len(toks)
 	sc := &w.scan
 	for i := range n {
@@ -558,26 +559,45 @@ func (v *vocab) scan(w *worker, jc *joinCache, s string, toks, starts []int32, w
 		sc.keys[j] = noKey
 		nj := int(sc.next[j])
 		sc.next[i] = uint8(nj)
-		// The joins with both neighbours: join, inlined.
+		// The joins with both neighbours: join, inlined. In a piece
+		// merged from bytes, a short join between ASCII bytes is looked
+		// up directly, as in mergeSegment: in random text (base64, say)
+		// most such joins are new, and the join cache misses them.
 		if nj < n {
 			sc.prev[nj] = uint8(i)
-			k := joinKey(toks[i], toks[nj])
-			e := jc[(k*joinMul)>>(64-joinBits)]
-			if e>>joinShift != k {
-				e = v.joinMiss(jc, k, s[starts[i]:starts[sc.next[nj]]])
+			if a, b := starts[i], starts[sc.next[nj]]; bytes && b-a <= shortMax && s[a]|s[b-1] < 0x80 {
+				r := int32(noRank)
+				if k := packShort(s[a:b]); v.mayBeShort(k) {
+					r = v.getShort(k)
+				}
+				sc.keys[i] = uint32(r)<<keyBits | uint32(i)
+			} else {
+				k := joinKey(toks[i], toks[nj])
+				e := jc[(k*joinMul)>>(64-joinBits)]
+				if e>>joinShift != k {
+					e = v.joinMiss(jc, k, s[a:b])
+				}
+				sc.keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
 			}
-			sc.keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
 		} else {
 			sc.keys[i] = noKey
 		}
 		if i > 0 {
 			pi := int(sc.prev[i])
-			k := joinKey(toks[pi], toks[i])
-			e := jc[(k*joinMul)>>(64-joinBits)]
-			if e>>joinShift != k {
-				e = v.joinMiss(jc, k, s[starts[pi]:starts[nj]])
+			if a, b := starts[pi], starts[nj]; bytes && b-a <= shortMax && s[a]|s[b-1] < 0x80 {
+				r := int32(noRank)
+				if k := packShort(s[a:b]); v.mayBeShort(k) {
+					r = v.getShort(k)
+				}
+				sc.keys[pi] = uint32(r)<<keyBits | uint32(pi)
+			} else {
+				k := joinKey(toks[pi], toks[i])
+				e := jc[(k*joinMul)>>(64-joinBits)]
+				if e>>joinShift != k {
+					e = v.joinMiss(jc, k, s[a:b])
+				}
+				sc.keys[pi] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(pi)
 			}
-			sc.keys[pi] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(pi)
 		}
 	}
 	if out != nil {
