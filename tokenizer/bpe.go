@@ -6,11 +6,6 @@ import (
 	"unicode/utf8"
 )
 
-// smallPiece is the longest piece merged with the simple quadratic scan;
-// longer pieces use a tournament tree so that a hostile prompt (one 100 KB run of a
-// letter, CJK without spaces) costs O(n log n), not O(n²).
-const smallPiece = 16
-
 // The per-worker cache of piece counts is direct-mapped: a fixed array of
 // slots holding the piece's bytes inline, so that a look-up or an insert
 // never allocates and memory stays bounded. A collision simply replaces the
@@ -44,60 +39,84 @@ type worker struct {
 	// cache holds piece counts per vocabulary (indexed by vocab.id),
 	// allocated on first use.
 	cache [numVocabs]*pieceCache
+	// joins holds recent joins per vocabulary (see join), allocated on
+	// first use.
+	joins [numVocabs]*joinCache
 	// work counts BPE merge steps and rank look-ups, for the linearity test.
 	work int
-	// scratch for long and non-ASCII pieces
-	next, prev []int32
-	tree       []uint64
-	starts     []int32
-	// recent holds recent short look-ups (hits and misses) per vocabulary:
-	// merges of similar pieces repeat the same look-ups, and this small
-	// table stays in the CPU cache where the vocabulary's does not.
-	recent [numVocabs]*recentRanks
+	// scratch for long and non-ASCII pieces: the ranks and offsets of
+	// their parts, and for long ones the links and tournament tree of
+	// mergeLarge
+	toks, starts []int32
+	next, prev   []int32
+	tree         []uint64
+	scan         scanState
 }
 
-const recentBits = 12
+// A merge joins two adjacent parts, which are tokens; the join is a token
+// or not. A join is cached as one word: the key of the two ranks
+// (joinKey), shifted left by joinShift, then the rank of the join plus one
+// (0: not a token).
+const (
+	joinShift = 21
+	joinMask  = 1<<joinShift - 1
+	joinBits  = 14
+	joinMul   = 0x9E3779B97F4A7C15 // the cache's hash multiplier
+)
 
-type recentRanks struct {
-	keys  [1 << recentBits]uint64
-	ranks [1 << recentBits]int32
+// joinKey packs two ranks (below joinMask) into a key of 42 bits; it is
+// never 0, so an empty cache entry matches no key.
+func joinKey(a, b int32) uint64 { return uint64(a+1)<<joinShift | uint64(b) }
+
+// joinCache is a direct-mapped cache of joins, hits and misses: merges of
+// similar pieces repeat the same joins, and this small table stays in the
+// CPU cache where the vocabulary's tables do not. Keyed by ranks, a hit
+// costs no hashing of bytes, whatever the length of the join.
+type joinCache [1 << joinBits]uint64
+
+// joinCache returns the worker's join cache for v.
+func (w *worker) joinCache(v *vocab) *joinCache {
+	jc := w.joins[v.id]
+	if jc == nil {
+		jc = new(joinCache)
+		w.joins[v.id] = jc
+	}
+	return jc
 }
 
-// mergeRank is rank for BPE merges of p[a:b], through the worker's recent
-// table.
-func (v *vocab) mergeRank(w *worker, p string, a, b int32) int32 {
-	n := b - a
-	if n > shortMax {
-		return v.rank(p[a:b])
+// join returns the rank of s, the join of adjacent parts of ranks a and
+// b, or -1 when s is not a token, through the cache jc.
+func (v *vocab) join(jc *joinCache, a, b int32, s string) int32 {
+	k := joinKey(a, b)
+	e := jc[(k*joinMul)>>(64-joinBits)]
+	if e>>joinShift != k {
+		e = v.joinMiss(jc, k, s)
 	}
-	k := packShort(p[a:b])
-	if !v.mayBeShort(k) {
-		return noRank
+	return int32(e&joinMask) - 1
+}
+
+// joinMiss looks up the join s of key k in the vocabulary and caches it.
+//
+//go:noinline
+func (v *vocab) joinMiss(jc *joinCache, k uint64, s string) uint64 {
+	e := k << joinShift
+	if r := v.rank(s); r != noRank {
+		e |= uint64(r) + 1
 	}
-	rc := w.recent[v.id]
-	if rc == nil {
-		rc = new(recentRanks)
-		w.recent[v.id] = rc
-	}
-	i := (k * 0x9E3779B97F4A7C15) >> (64 - recentBits)
-	if rc.keys[i] == k {
-		return rc.ranks[i]
-	}
-	r := v.getShort(k)
-	rc.keys[i], rc.ranks[i] = k, r
-	return r
+	jc[(k*joinMul)>>(64-joinBits)] = e
+	return e
 }
 
 func newWorker() *worker {
 	return &worker{}
 }
 
-// maxKeptPiece is the longest piece whose merge scratch a worker keeps
-// for the next call. A longer piece (one run of a letter, a CJK text
-// without punctuation) allocates its own, which is garbage once counted,
-// so that a pooled worker holds at most ~450 KB of scratch besides its
-// ~350 KB of caches whatever it counted (TestWorkerMemoryBounded).
-const maxKeptPiece = 16 << 10
+// maxKeptPiece is the longest piece whose merge scratch a worker keeps for
+// the next call. A longer piece (one run of a letter, a CJK text without
+// punctuation) allocates its own, which is garbage once counted, so that a
+// pooled worker holds at most ~260 KB of scratch besides its 512 KB of
+// caches whatever it counted (TestWorkerMemoryBounded).
+const maxKeptPiece = 8 << 10
 
 // trim drops scratch grown past what maxKeptPiece needs.
 func (w *worker) trim() {
@@ -107,8 +126,8 @@ func (w *worker) trim() {
 	if cap(w.tree) > 2*maxKeptPiece {
 		w.tree = nil
 	}
-	if cap(w.starts) > maxKeptPiece+1 {
-		w.starts = nil
+	if cap(w.toks) > maxKeptPiece+1 {
+		w.toks, w.starts = nil, nil
 	}
 }
 
@@ -243,17 +262,14 @@ func (v *vocab) encodePiece(w *worker, p string, dst []int) []int {
 	return dst
 }
 
-// scanParts is the most parts merged with the quadratic scan when a piece
-// starts from whole characters (see premerge.go).
-const scanParts = 64
-
 // merge is tiktoken's byte-pair merge of p: repeatedly merge the adjacent
 // pair of parts of lowest rank (leftmost on ties). It returns the number of
-// tokens and, when out is not nil, appends them. Short pieces are merged
-// with a scan, long ones with a tournament tree; a piece with non-ASCII
-// characters is cut around those that BPE never joins with their
-// neighbours, and characters that are one token start as one part, when
-// that provably changes nothing (premerge.go).
+// tokens and, when out is not nil, appends them. Parts are tokens, so
+// the joins a merge looks up are cached by rank (see join). Short pieces
+// are merged with a scan, long ones with a tournament tree; a piece with
+// non-ASCII characters is cut around those that BPE never joins with
+// their neighbours, and characters that are one token start as one part,
+// when that provably changes nothing (premerge.go).
 func (v *vocab) merge(w *worker, p string, out *[]int) int {
 	for i := 0; i < len(p); i++ {
 		if p[i] >= 0x80 {
@@ -265,20 +281,26 @@ func (v *vocab) merge(w *worker, p string, out *[]int) int {
 
 // mergeBytes merges p from one part per byte.
 func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
-	if len(p) <= smallPiece {
-		var startBuf [smallPiece + 1]int32
-		var rankBuf [smallPiece]int32
-		n := len(p)
-		starts, ranks := startBuf[:n+1], rankBuf[:n]
-		for i := range n - 1 {
-			starts[i] = int32(i)
-			ranks[i] = v.pair[int(p[i])<<8|int(p[i+1])]
-		}
-		starts[n-1], starts[n] = int32(n-1), int32(n)
-		ranks[n-1] = noRank
-		return v.scan(w, p, starts, ranks, out)
+	var tokBuf [scanParts]int32
+	var startBuf [scanParts + 1]int32
+	toks, starts := tokBuf[:0], startBuf[:0]
+	if len(p) > scanParts {
+		w.grow(len(p))
+		toks, starts = w.toks[:0], w.starts[:0]
 	}
-	return v.mergeLarge(w, p, nil, out)
+	for i := 0; i < len(p); i++ {
+		toks = append(toks, v.bytes[p[i]])
+		starts = append(starts, int32(i))
+	}
+	return v.mergeSegment(w, p, toks, starts, true, out)
+}
+
+// grow makes the part scratch hold a piece of n bytes.
+func (w *worker) grow(n int) {
+	if cap(w.toks) < n {
+		w.toks = make([]int32, 0, n)
+		w.starts = make([]int32, 0, n+1)
+	}
 }
 
 // mergeChars merges p, which has non-ASCII characters, segment by
@@ -287,11 +309,11 @@ func (v *vocab) mergeBytes(w *worker, p string, out *[]int) int {
 // inside a segment, a character that may start whole and that no token
 // cuts is one part, others one part per byte (premerge.go).
 func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
-	if cap(w.starts) < len(p)+1 {
-		w.starts = make([]int32, 0, len(p)+1)
-	}
-	starts := w.starts[:0]
-	n, seg, whole := 0, 0, false
+	w.grow(len(p))
+	// The parts of the segment from seg: their ranks and offsets.
+	toks, starts := w.toks[:len(p)], w.starts[:len(p)]
+	bytes := &v.bytes
+	np, n, seg, whole := 0, 0, 0, false
 	outLen := 0
 	if out != nil {
 		outLen = len(*out)
@@ -299,24 +321,55 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 	for i := 0; i < len(p); {
 		b := p[i]
 		if b < 0x80 {
-			starts = append(starts, int32(i-seg))
+			toks[np], starts[np] = bytes[b], int32(i-seg)
+			np++
 			i++
 			continue
 		}
+		// Decode the character (as charLen and class do) and look it up.
 		var ci charInfo
-		size := charLen(p, i)
-		switch size {
-		case 2:
-			ci = v.chars[rune(b&0x1F)<<6|rune(p[i+1]&0x3F)]
-		case 3:
-			ci = v.chars[rune(b&0x0F)<<12|rune(p[i+1]&0x3F)<<6|rune(p[i+2]&0x3F)]
-		case 4:
-			ci = v.suppInfo(p[i : i+4])
-		default: // invalid UTF-8: start again with U+FFFD for it
-			if out != nil {
-				*out = (*out)[:outLen]
+		size := 0
+		r := rune(0)
+		switch {
+		case b < 0xE0:
+			if b >= 0xC2 && i+1 < len(p) && isCont(p[i+1]) {
+				r = rune(b&0x1F)<<6 | rune(p[i+1]&0x3F)
+				ci, size = v.chars[r], 2
 			}
-			return v.mergeChars(w, sanitize(p), out)
+		case b < 0xF0:
+			if i+2 < len(p) && load16(p, i+1)&0xC0C0 == 0x8080 {
+				r = rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
+				if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
+					ci, size = v.chars[r], 3
+				}
+			}
+		case b < 0xF5:
+			if i+3 < len(p) {
+				if w := load32(p, i); w&0xC0C0C000 == 0x80808000 {
+					r := rune(w&0x07)<<18 | rune(w>>8&0x3F)<<12 | rune(w>>16&0x3F)<<6 | rune(w>>24&0x3F)
+					if uint32(r-0x10000) < 0x100000 {
+						ci, size = v.suppChar(r), 4
+					}
+				}
+			}
+		}
+		if size == 0 { // invalid UTF-8: start again with U+FFFD for it
+			return v.mergeInvalid(w, p, out, outLen)
+		}
+		// A piece that starts with a space and this character may start
+		// from their tokens alone (premerge.go): the space is part 0.
+		if i == 1 && p[0] == ' ' && size < 4 {
+			if k := v.spacedIndex[r]; k != 0 && v.spacedUncut(&v.spaced[k], ci, p[1+size:]) {
+				sp := &v.spaced[k]
+				at := int32(0)
+				for j := range int(sp.n) {
+					toks[j], starts[j] = sp.toks[j], at
+					at += int32(sp.lens[j])
+				}
+				np, whole = int(sp.n), true
+				i += size
+				continue
+			}
 		}
 		// Whether a token cuts the character: the filters of vocab.near
 		// clear most characters here, the rest in uncut.
@@ -327,184 +380,284 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		}
 		switch {
 		case uncut && ci.rank >= 0:
-			starts = append(starts, int32(i-seg))
+			toks[np], starts[np] = ci.rank, int32(i-seg)
+			np++
 			whole = true
 		case uncut:
-			if seg < i {
-				n += v.mergeSegment(w, p[seg:i], starts, whole, out)
+			if np > 0 {
+				n += v.mergeSegment(w, p[seg:i], toks[:np], starts[:np], !whole, out)
 			}
 			n += ci.sepTokens()
 			if out != nil {
 				v.mergeBytes(w, p[i:i+size], out)
 			}
-			seg, starts, whole = i+size, starts[:0], false
+			seg, np, whole = i+size, 0, false
 		default:
 			for k := range size {
-				starts = append(starts, int32(i+k-seg))
+				toks[np], starts[np] = bytes[p[i+k]], int32(i+k-seg)
+				np++
 			}
 		}
 		i += size
 	}
-	return n + v.mergeSegment(w, p[seg:], starts, whole, out)
+	return n + v.mergeSegment(w, p[seg:], toks[:np], starts[:np], !whole, out)
 }
 
-// mergeSegment merges s from the parts that start at starts, which are
-// bytes unless whole.
-func (v *vocab) mergeSegment(w *worker, s string, starts []int32, whole bool, out *[]int) int {
-	switch len(s) {
-	case 0:
-		return 0
-	case 1:
-		if out != nil {
-			*out = append(*out, int(v.bytes[s[0]]))
-		}
-		return 1
-	case 2:
-		if r := v.pair[int(s[0])<<8|int(s[1])]; r != noRank {
-			if out != nil {
-				*out = append(*out, int(r))
-			}
-			return 1
-		}
-		if out != nil {
-			*out = append(*out, int(v.bytes[s[0]]), int(v.bytes[s[1]]))
-		}
-		return 2
+// spacedUncut reports whether no token below sp.bound that starts with a
+// tail of the character (list c.after) or with the whole character
+// (sp.ext) begins the rest of the piece after it.
+func (v *vocab) spacedUncut(sp *spacedStart, c charInfo, rest string) bool {
+	if rest == "" {
+		return true
 	}
+	if c.after != 0 && v.near[c.after].has(rest[0]) && v.cuts[c.after].followedBy(rest, sp.bound) {
+		return false
+	}
+	return sp.ext == 0 || !v.near[sp.ext].has(rest[0]) || !v.cuts[sp.ext].followedBy(rest, sp.bound)
+}
+
+// mergeInvalid is merge for p with invalid UTF-8: it merges p with each
+// invalid byte replaced by U+FFFD (see sanitize), dropping the tokens
+// mergeChars appended to out past outLen before it met the invalid byte.
+//
+//go:noinline
+func (v *vocab) mergeInvalid(w *worker, p string, out *[]int, outLen int) int {
+	if out != nil {
+		*out = (*out)[:outLen]
+	}
+	return v.mergeChars(w, sanitize(p), out)
+}
+
+// scanParts is the most parts merged with the quadratic scan; pieces
+// with more parts use a tournament tree. A CJK piece of up to 64
+// characters that start whole stays in the scan, whose keys sit in one
+// cache line per 16 parts.
+const scanParts = 64
+
+// In scan, a part's key is the rank of its join with the next part
+// shifted left by keyBits, with the part's index in the low bits. noKey
+// marks no join: a rank of -1 or noRank shifted so.
+const (
+	keyBits = 6 // scanParts <= 1<<keyBits
+	noKey   = math.MaxUint32 &^ (1<<keyBits - 1)
+)
+
+// mergeSegment merges s from its parts: toks holds their ranks, starts
+// their offsets (both overwritten; starts has room for one more). The
+// parts are s's bytes when bytes is true.
+func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bool, out *[]int) int {
+	n := len(toks)
 	switch {
-	case !whole:
-		return v.mergeBytes(w, s, out)
-	case len(starts) == 1:
+	case n == 0:
+		return 0
+	case n == 1:
 		if out != nil {
-			*out = append(*out, int(v.rank(s)))
+			*out = append(*out, int(toks[0]))
 		}
 		return 1
 	}
 	starts = append(starts, int32(len(s)))
-	if len(starts)-1 <= scanParts {
-		return v.mergeScan(w, s, starts, out)
+	if n > scanParts {
+		return v.mergeLarge(w, s, toks, starts, bytes, out)
 	}
-	return v.mergeLarge(w, s, starts, out)
+	jc := w.joinCache(v)
+	sc := &w.scan
+	// Keys past the last part are noKey up to the width minKeys reads.
+	width := 8
+	if n > 8 {
+		width = (n + 15) &^ 15 // 16, 32, 48 or 64
+	}
+	keys := sc.keys[:width]
+	if bytes {
+		for i := range n - 1 {
+			keys[i] = uint32(v.pair[int(s[i])<<8|int(s[i+1])])<<keyBits | uint32(i)
+		}
+	} else {
+		for i := range n - 1 {
+			a, b := starts[i], starts[i+2]
+			if b-a == 2 { // two bytes
+				keys[i] = uint32(v.pair[int(s[a])<<8|int(s[a+1])])<<keyBits | uint32(i)
+				continue
+			}
+			// A join of up to 7 bytes (two characters, mostly) is looked up
+			// directly: most are not tokens, and the filter answers those
+			// with one load, where the join cache, which often misses on
+			// the many pairs of characters, costs one more.
+			if b-a <= shortMax {
+				r := int32(noRank)
+				if k := packShort(s[a:b]); v.mayBeShort(k) {
+					r = v.getShort(k)
+				}
+				keys[i] = uint32(r)<<keyBits | uint32(i)
+				continue
+			}
+			// join, inlined: most keys of a CJK piece are joins
+			k := joinKey(toks[i], toks[i+1])
+			e := jc[(k*joinMul)>>(64-joinBits)]
+			if e>>joinShift != k {
+				e = v.joinMiss(jc, k, s[a:b])
+			}
+			keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
+		}
+	}
+	for i := n - 1; i < width; i++ {
+		keys[i] = noKey
+	}
+	return v.scan(w, jc, s, toks, starts, width, bytes, out)
 }
 
-// joinRank returns the rank of p[a:b], the join of two adjacent parts.
-func (v *vocab) joinRank(w *worker, p string, a, b int32) int32 {
-	if b-a == 2 {
-		return v.pair[int(p[a])<<8|int(p[a+1])]
-	}
-	return v.mergeRank(w, p, a, b)
+// scanState is the scratch of scan, kept in the worker so that it need
+// not be cleared for every segment.
+type scanState struct {
+	// keys holds, for each part, the key of its join with the next part
+	// (see keyBits).
+	keys       [scanParts]uint32
+	next, prev [scanParts]uint8 // the list of parts
 }
 
-// mergeScan merges the parts of p that start at starts (parts+1
-// boundaries, at most scanParts parts; overwritten) by finding the lowest
-// rank with a scan at every step.
-func (v *vocab) mergeScan(w *worker, p string, starts []int32, out *[]int) int {
-	var rankBuf [scanParts]int32
-	parts := len(starts) - 1
-	ranks := rankBuf[:parts]
-	for i := 0; i < parts-1; i++ {
-		ranks[i] = v.joinRank(w, p, starts[i], starts[i+2])
-	}
-	ranks[parts-1] = noRank
-	return v.scan(w, p, starts, ranks, out)
-}
-
-// scan is the merge loop of mergeScan: ranks[i] is the rank of parts i and
-// i+1 merged (noRank for the last part).
-func (v *vocab) scan(w *worker, p string, starts, ranks []int32, out *[]int) int {
-	parts := len(ranks)
-	w.work += parts
-	for parts > 1 {
-		minR, mi := int32(noRank), -1
-		for i := 0; i < parts-1; i++ {
-			if ranks[i] < minR {
-				minR, mi = ranks[i], i
+// minKeys returns the least of the first width (8 or a multiple of 16)
+// keys: a branch-free tree of comparisons, eight keys at a time.
+func (sc *scanState) minKeys(width int) uint32 {
+	k := &sc.keys
+	m := min(min(min(k[0], k[1]), min(k[2], k[3])), min(min(k[4], k[5]), min(k[6], k[7])))
+	if width > 8 {
+		m = min(m, min(min(min(k[8], k[9]), min(k[10], k[11])), min(min(k[12], k[13]), min(k[14], k[15]))))
+		if width > 16 {
+			for i := 16; i < width; i += 8 {
+				k := (*[8]uint32)(k[i : i+8])
+				m = min(m, min(min(min(k[0], k[1]), min(k[2], k[3])), min(min(k[4], k[5]), min(k[6], k[7]))))
 			}
 		}
-		if mi < 0 {
+	}
+	return m
+}
+
+// scan is tiktoken's merge loop on at most scanParts parts of s: toks
+// holds the rank of each part, starts its offset (and len(s) last),
+// w.scan.keys the key of its join with the next part, so that the least
+// key is the merge to make: lowest rank, leftmost on ties. Parts keep
+// their index; a merged part leaves the list and its key becomes noKey.
+// bytes tells that the parts started as s's bytes.
+func (v *vocab) scan(w *worker, jc *joinCache, s string, toks, starts []int32, width int, bytes bool, out *[]int) int {
+	n := len(toks)
+	sc := &w.scan
+	for i := range n {
+		sc.next[i], sc.prev[i] = uint8(i+1), uint8(i-1)
+	}
+	parts := n
+	w.work += n
+	for {
+		m := sc.minKeys(width)
+		if m >= noKey {
 			break
 		}
 		w.work++
-		// merge parts mi and mi+1
-		for j := mi + 1; j < parts; j++ {
-			starts[j] = starts[j+1]
-		}
-		for j := mi + 1; j < parts-1; j++ {
-			ranks[j] = ranks[j+1]
-		}
 		parts--
-		ranks[parts-1] = noRank
-		if mi+1 < parts {
-			ranks[mi] = v.mergeRank(w, p, starts[mi], starts[mi+2])
+		i := int(m & (1<<keyBits - 1))
+		j := int(sc.next[i])
+		toks[i] = int32(m >> keyBits)
+		sc.keys[j] = noKey
+		nj := int(sc.next[j])
+		sc.next[i] = uint8(nj)
+		// The joins with both neighbours: join, inlined. In a piece
+		// merged from bytes, a short join between ASCII bytes is looked
+		// up directly, as in mergeSegment: in random text (base64, say)
+		// most such joins are new, and the join cache misses them.
+		if nj < n {
+			sc.prev[nj] = uint8(i)
+			if a, b := starts[i], starts[sc.next[nj]]; bytes && b-a <= shortMax && s[a]|s[b-1] < 0x80 {
+				r := int32(noRank)
+				if k := packShort(s[a:b]); v.mayBeShort(k) {
+					r = v.getShort(k)
+				}
+				sc.keys[i] = uint32(r)<<keyBits | uint32(i)
+			} else {
+				k := joinKey(toks[i], toks[nj])
+				e := jc[(k*joinMul)>>(64-joinBits)]
+				if e>>joinShift != k {
+					e = v.joinMiss(jc, k, s[a:b])
+				}
+				sc.keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
+			}
 		} else {
-			ranks[mi] = noRank
+			sc.keys[i] = noKey
 		}
-		if mi > 0 {
-			ranks[mi-1] = v.mergeRank(w, p, starts[mi-1], starts[mi+1])
+		if i > 0 {
+			pi := int(sc.prev[i])
+			if a, b := starts[pi], starts[nj]; bytes && b-a <= shortMax && s[a]|s[b-1] < 0x80 {
+				r := int32(noRank)
+				if k := packShort(s[a:b]); v.mayBeShort(k) {
+					r = v.getShort(k)
+				}
+				sc.keys[pi] = uint32(r)<<keyBits | uint32(pi)
+			} else {
+				k := joinKey(toks[pi], toks[i])
+				e := jc[(k*joinMul)>>(64-joinBits)]
+				if e>>joinShift != k {
+					e = v.joinMiss(jc, k, s[a:b])
+				}
+				sc.keys[pi] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(pi)
+			}
 		}
 	}
 	if out != nil {
-		for i := range parts {
-			*out = append(*out, int(v.rank(p[starts[i]:starts[i+1]])))
+		for i := 0; i < n; i = int(sc.next[i]) {
+			*out = append(*out, int(toks[i]))
 		}
 	}
 	return parts
 }
 
-// mergeLarge gives the same result as mergeScan in O(n log n): parts form a
-// linked list over byte offsets, and a tournament tree over the positions
-// holds, for each part, the candidate merge with its right neighbour keyed
-// by (rank, position), so the root is the merge tiktoken would pick: lowest
+// mergeLarge gives the same result as scan in O(n log n) for any number of
+// parts: parts form a linked list, and a tournament tree over them holds,
+// for each part, the candidate merge with its right neighbour keyed by
+// (rank, index), so the root is the merge tiktoken would pick: lowest
 // rank, leftmost on ties. A merge updates three leaves; there are fewer
-// than n merges. starts lists the initial part boundaries; nil means one
-// part per byte.
-func (v *vocab) mergeLarge(w *worker, p string, starts []int32, out *[]int) int {
+// than n merges. toks and starts are as for scan; the parts are s's bytes
+// when bytes is true.
+func (v *vocab) mergeLarge(w *worker, s string, toks, starts []int32, bytes bool, out *[]int) int {
 	const none = math.MaxUint64
-	n := len(p)
+	n := len(toks)
 	size := 1
 	for size < n {
 		size <<= 1
 	}
-	if cap(w.next) < n+1 {
-		w.next = make([]int32, n+1)
-		w.prev = make([]int32, n+1)
+	if cap(w.next) < n {
+		w.next = make([]int32, n)
+		w.prev = make([]int32, n)
 	}
 	if cap(w.tree) < 2*size {
 		w.tree = make([]uint64, 2*size)
 	}
-	next, prev, tree := w.next[:n+1], w.prev[:n+1], w.tree[:2*size]
-	key := func(r int32, pos int32) uint64 {
-		if r == noRank {
+	next, prev, tree := w.next[:n], w.prev[:n], w.tree[:2*size]
+	jc := w.joinCache(v)
+	// key orders candidate merges; a rank of -1 or noRank is no merge.
+	key := func(r int32, i int32) uint64 {
+		if uint32(r) >= noRank {
 			return none
 		}
-		return uint64(r)<<32 | uint64(pos)
+		return uint64(r)<<32 | uint64(i)
+	}
+	// end returns the end of part i.
+	end := func(i int32) int32 {
+		if i == int32(n) {
+			return int32(len(s))
+		}
+		return starts[i]
 	}
 	leaves := tree[size:]
-	for i := range leaves {
-		leaves[i] = none
+	for i := range n {
+		next[i], prev[i] = int32(i+1), int32(i-1)
 	}
-	parts := n
-	if starts == nil {
-		for i := range n {
-			next[i] = int32(i + 1)
-			prev[i] = int32(i - 1)
+	for i := 0; i < n-1; i++ {
+		if bytes {
+			leaves[i] = key(v.pair[int(s[i])<<8|int(s[i+1])], int32(i))
+		} else {
+			leaves[i] = key(v.join(jc, toks[i], toks[i+1], s[starts[i]:starts[i+2]]), int32(i))
 		}
-		for i := 0; i < n-1; i++ {
-			if r := v.pair[int(p[i])<<8|int(p[i+1])]; r != noRank {
-				leaves[i] = uint64(r)<<32 | uint64(i)
-			}
-		}
-	} else {
-		parts = len(starts) - 1
-		prevStart := int32(-1)
-		for j := range parts {
-			s := starts[j]
-			next[s], prev[s] = starts[j+1], prevStart
-			prevStart = s
-			if j+1 < parts {
-				leaves[s] = key(v.joinRank(w, p, s, starts[j+2]), s)
-			}
-		}
+	}
+	for i := n - 1; i < size; i++ {
+		leaves[i] = none
 	}
 	for i := size - 1; i >= 1; i-- {
 		tree[i] = min(tree[2*i], tree[2*i+1])
@@ -523,31 +676,31 @@ func (v *vocab) mergeLarge(w *worker, p string, starts []int32, out *[]int) int 
 			tree[j] = k
 		}
 	}
-	w.work += parts
+	parts := n
+	w.work += n
 	for tree[1] != none {
 		w.work++
-		pos := int32(uint32(tree[1]))
-		mid := next[pos]
-		end := next[mid]
-		// merge [pos,mid) and [mid,end)
-		next[pos] = end
-		next[mid] = -1
 		parts--
-		update(mid, none)
-		if end < int32(n) {
-			prev[end] = pos
-			update(pos, key(v.mergeRank(w, p, pos, next[end]), pos))
+		i := int32(uint32(tree[1]))
+		toks[i] = int32(tree[1] >> 32)
+		j := next[i]
+		nj := next[j]
+		next[i] = nj
+		update(j, none)
+		if nj < int32(n) {
+			prev[nj] = i
+			update(i, key(v.join(jc, toks[i], toks[nj], s[starts[i]:end(next[nj])]), i))
 		} else {
-			update(pos, none)
+			update(i, none)
 		}
-		if pos > 0 {
-			pp := prev[pos]
-			update(pp, key(v.mergeRank(w, p, pp, end), pp))
+		if i > 0 {
+			pi := prev[i]
+			update(pi, key(v.join(jc, toks[pi], toks[i], s[starts[pi]:end(nj)]), pi))
 		}
 	}
 	if out != nil {
 		for i := int32(0); i < int32(n); i = next[i] {
-			*out = append(*out, int(v.rank(p[i:next[i]])))
+			*out = append(*out, int(toks[i]))
 		}
 	}
 	return parts

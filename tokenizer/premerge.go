@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"math"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,23 +37,54 @@ import (
 // on its own: the piece is cut around X.
 //
 // Whole (X alone is one token). Starting X as one part gives the same
-// tokens in every context when, besides no token cutting X (and here only
-// tokens that rank below X count, see uncut):
+// tokens in a piece when no token cuts X there (and here only tokens that
+// rank below X count, see uncut) and:
 //
 //  1. (reachable) every merge of BPE on X alone before the last has a rank
 //     below rank(X);
-//  2. (later) every token that starts or ends with the whole X (and is
-//     longer) has a rank above rank(X).
+//  2. (later) no token that extends X (starts or ends with the whole X and
+//     is longer) and ranks below X occurs around X in the piece.
 //
 // Why: until X is whole, the only merges that touch its bytes are those of
 // X alone, and X always becomes whole. Every other merge happens in the
 // same order in both runs: when BPE on bytes picks a merge M while X is
 // incomplete, M's rank m is at most the rank of X's pending inner merge
 // (BPE picks the least), which by (1) is at most rank(X); a merge that
-// needs the whole X has by (2) a rank above rank(X), hence above m, so
-// starting from X never brings it ahead of M. The inequality is strict, so
-// ties (equal ranks, broken leftmost) keep their order too. The argument
-// holds for all the characters of a piece at once.
+// needs the whole X makes a token extending X, which by (2) ranks above
+// rank(X), hence above m, so starting from X never brings it ahead of M.
+// The inequality is strict, so ties (equal ranks, broken leftmost) keep
+// their order too. The argument holds for all the characters of a piece at
+// once.
+//
+// (2) needs no check of its own. A lower-ranked extension T = P·X is the
+// join of two tokens of lower ranks: BPE built it so, and derivable checks
+// it for every such token when the vocabulary loads (a character with one
+// that is not starts as bytes). If the join splits T inside X, its left
+// part ends with a head of X: a cutting token that ranks below X and occurs
+// wherever T does. If it splits T inside P, its right part is a shorter
+// lower-ranked extension ending with X, which occurs there too: by
+// induction, again a cutting token below X occurs. Likewise for X·S. So
+// where no token below rank(X) cuts X, no lower-ranked extension occurs.
+// This matters: tokens such as " X" often rank below X.
+//
+// Spaced. A piece that starts with a space and a character X of two or
+// three bytes may start from the tokens of P = " X" alone, T1..Tk, as
+// parts, when the merges of BPE on P alone all rank at most R and every
+// token that would cross P's end ranks above R. Until P reaches T1..Tk,
+// one of its own merges (rank <= R) is pending, so BPE on bytes picks no
+// merge above R: none crosses P's end (nothing precedes P in the piece),
+// P's bytes are merged as alone, and every merge it picks elsewhere ranks
+// at most R. A merge that needs T1..Tk (of the last part with the next)
+// ranks above R, so starting from them never brings it ahead of those.
+// The merges outside P thus happen in the same order in both runs. A
+// token that crosses P's end starts with a proper tail of P and goes on
+// past it: with a tail of X (the cut list of X), with the whole X (the
+// extensions of X below R, listed when the vocabulary loads), or, when k
+// is 1, with the whole P (the vocabulary rules out those below R). Both
+// lists are checked in context. In most scripts " X" is a token of lower
+// rank than the tokens of a space and X's lead byte, which cut X itself:
+// without this, the first character of every word of such a script would
+// start as bytes.
 //
 // TestPremergeCutTokens puts every cutting token in its context;
 // TestPremergeMatchesOracle, the fixture of OpenAI's tiktoken and the
@@ -91,6 +124,9 @@ type charMaps struct {
 	beforeBy2        [0x15 << 6]uint16 // by lead byte (E0..F4) and a continuation byte: heads of 1 and 2
 	afterBy3         map[uint32]uint16 // by 3 continuation bytes: tails of 1 to 3
 	beforeBy3        map[uint32]uint16 // by lead byte and 2 continuation bytes: heads of 1 to 3
+	// unsure holds the characters with a lower-ranked extension that is
+	// not the join of two lower-ranked tokens (see charInfo).
+	unsure map[rune]bool
 }
 
 // buildChars computes v.chars for the BMP, the maps from which four-byte
@@ -100,10 +136,20 @@ func (v *vocab) buildChars() {
 	cut := cutIndex{lists: make([]cutList, 1), tail3: map[uint32]uint16{}, head3: map[uint32]uint16{}}
 	minStart := make([]int32, 0x10000) // least rank of a longer token starting with the rune
 	minEnd := make([]int32, 0x10000)   // least rank of a longer token ending with the rune
+	// least rank of a token longer than " "+rune starting with it
+	minSpaced := make([]int32, 0x10000)
 	for i := range minStart {
-		minStart[i], minEnd[i] = none, none
+		minStart[i], minEnd[i], minSpaced[i] = none, none, none
 	}
 	m := &charMaps{minStart: map[rune]int32{}, minEnd: map[rune]int32{}}
+	// m.unsure lists the characters with a lower-ranked extension that is
+	// not the join of two lower-ranked tokens (see charInfo).
+	m.unsure = map[rune]bool{}
+	extends := func(r rune, x, tok string, rank int) {
+		if rx := v.rank(x); int32(rank) < rx && rx != noRank && !v.derivable(tok, int32(rank)) {
+			m.unsure[r] = true
+		}
+	}
 	for rank, tok := range v.tokens {
 		if len(tok) < 2 {
 			continue
@@ -115,6 +161,12 @@ func (v *vocab) buildChars() {
 			} else if old, ok := m.minStart[r]; !ok || int32(rank) < old {
 				m.minStart[r] = int32(rank)
 			}
+			extends(r, tok[:n], tok, rank)
+		}
+		if tok[0] == ' ' {
+			if r, n := utf8.DecodeRuneInString(tok[1:]); n > 1 && 1+n < len(tok) && r < 0x10000 {
+				minSpaced[r] = min(minSpaced[r], int32(rank))
+			}
 		}
 		if r, n := utf8.DecodeLastRuneInString(tok); n < len(tok) && n > 1 {
 			if r < 0x10000 {
@@ -122,6 +174,7 @@ func (v *vocab) buildChars() {
 			} else if old, ok := m.minEnd[r]; !ok || int32(rank) < old {
 				m.minEnd[r] = int32(rank)
 			}
+			extends(r, tok[len(tok)-n:], tok, rank)
 		}
 	}
 	// A character's tails and heads are fixed; merge their lists once per
@@ -135,10 +188,7 @@ func (v *vocab) buildChars() {
 			return i
 		}
 		la, lb := &cut.lists[a], &cut.lists[b]
-		l := cutList{two: la.two | lb.two}
-		for i := range l.one {
-			l.one[i] = la.one[i] | lb.one[i]
-		}
+		var l cutList
 		l.next = append(append([]string(nil), la.next...), lb.next...)
 		l.prev = append(append([]string(nil), la.prev...), lb.prev...)
 		l.ranks = append(append([]int32(nil), la.ranks...), lb.ranks...)
@@ -172,9 +222,12 @@ func (v *vocab) buildChars() {
 		n := utf8.EncodeRune(buf[:], rune(r))
 		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r])
 	}
+	v.spacedStarts(&cut, minSpaced)
 	v.cuts = cut.lists
 	v.near = make([]cutNear, len(v.cuts))
-	for i, l := range v.cuts {
+	for i := range v.cuts {
+		l := &v.cuts[i]
+		l.index()
 		for _, rest := range l.next {
 			v.near[i][rest[0]>>6] |= 1 << (rest[0] & 63)
 		}
@@ -190,22 +243,7 @@ func (v *vocab) buildChars() {
 func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
 	m := v.charMaps
 	var ci charInfo
-	switch len(x) {
-	case 2:
-		ci.after, ci.before = m.afterBy1[x[1]&0x3F], m.beforeBy1[x[0]-0xC0]
-	case 3:
-		ci.after = m.afterBy2[int(x[1]&0x3F)<<6|int(x[2]&0x3F)]
-		ci.before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
-	case 4:
-		ci.after = m.afterBy2[int(x[2]&0x3F)<<6|int(x[3]&0x3F)]
-		if l, ok := m.afterBy3[uint32(x[1]&0x3F)<<12|uint32(x[2]&0x3F)<<6|uint32(x[3]&0x3F)]; ok {
-			ci.after = l
-		}
-		ci.before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
-		if l, ok := m.beforeBy3[uint32(x[0])<<12|uint32(x[1]&0x3F)<<6|uint32(x[2]&0x3F)]; ok {
-			ci.before = l
-		}
-	}
+	ci.after, ci.before = m.lists(x)
 	toks, inner := v.alone(x)
 	rx := v.rank(x)
 	switch {
@@ -215,10 +253,121 @@ func (v *vocab) charInfo(x string, minStart, minEnd int32) charInfo {
 		ci.rank = -2 // one token that never joins another
 	case inner < rx && rx < minStart && rx < minEnd:
 		ci.rank = rx
+	case inner < rx:
+		// Lower-ranked extensions, each the join of two lower-ranked
+		// tokens: the cut check finds them in context (see above).
+		if r, _ := utf8.DecodeRuneInString(x); m.unsure[r] {
+			ci.rank = -1
+		} else {
+			ci.rank = rx
+		}
 	default:
 		ci.rank = -1
 	}
 	return ci
+}
+
+// spacedStart is how a piece that starts with a space and a character X
+// starts (see Spaced above): with parts toks[:n] of lengths lens[:n], the
+// tokens of " X" alone, when no token of rank below bound crosses the end
+// of " X": none of the cut list of X, and none of ext, the tokens that
+// start with X and go on (0: none below bound).
+type spacedStart struct {
+	bound int32
+	toks  [3]int32
+	lens  [3]uint8
+	n     uint8
+	ext   uint16
+}
+
+// spacedStarts computes v.spaced and v.spacedIndex for the characters of
+// two and three bytes, adding the lists of extensions to cut. minSpaced
+// holds the least rank of a token longer than " X" that starts with " X".
+func (v *vocab) spacedStarts(cut *cutIndex, minSpaced []int32) {
+	v.spacedIndex = make([]uint16, len(v.chars))
+	// 0: none; most characters qualify, so one allocation holds them all
+	v.spaced = make([]spacedStart, 1, len(v.chars))
+	for r := range v.spacedIndex {
+		if r < 0x80 || (0xD800 <= r && r < 0xE000) || len(v.spaced) == math.MaxUint16 {
+			continue
+		}
+		x := " " + string(rune(r))
+		var sp spacedStart
+		var lens [5]int
+		n, bound := v.aloneParts(x, &lens)
+		if bound < 0 || n > len(sp.toks) || n == 1 && minSpaced[r] < bound {
+			continue
+		}
+		sp.bound, sp.n = bound, uint8(n)
+		at := 0
+		for j := range n {
+			sp.toks[j], sp.lens[j] = v.rank(x[at:at+lens[j]]), uint8(lens[j])
+			at += lens[j]
+		}
+		v.spacedIndex[r] = uint16(len(v.spaced))
+		v.spaced = append(v.spaced, sp)
+	}
+	// The extensions of each such character that rank below its bound.
+	for rank, tok := range v.tokens {
+		r, n := utf8.DecodeRuneInString(tok)
+		if n < 2 || n == len(tok) || r >= 0x10000 {
+			continue
+		}
+		if i := v.spacedIndex[r]; i != 0 && int32(rank) < v.spaced[i].bound {
+			cut.list(&v.spaced[i].ext).addNext(tok[n:], int32(rank))
+		}
+	}
+}
+
+// aloneParts runs BPE on the bytes of x (at most 4) alone, stores the
+// lengths of the resulting tokens in lens and returns their number and the
+// highest rank of its merges (-1: none).
+func (v *vocab) aloneParts(x string, lens *[5]int) (int, int32) {
+	parts := len(x)
+	for i := range parts {
+		lens[i] = 1
+	}
+	high := int32(-1)
+	for parts > 1 {
+		minR, mi, at := int32(noRank), -1, 0
+		for i := 0; i < parts-1; i++ {
+			if r := v.rank(x[at : at+lens[i]+lens[i+1]]); r < minR {
+				minR, mi = r, i
+			}
+			at += lens[i]
+		}
+		if mi < 0 {
+			break
+		}
+		high = max(high, minR)
+		lens[mi] += lens[mi+1]
+		copy(lens[mi+1:parts], lens[mi+2:parts+1])
+		parts--
+	}
+	return parts, high
+}
+
+// lists returns the cut lists of character x (two to four bytes): of the
+// tokens that start with one of its tails and of those that end with one
+// of its heads.
+func (m *charMaps) lists(x string) (after, before uint16) {
+	switch len(x) {
+	case 2:
+		after, before = m.afterBy1[x[1]&0x3F], m.beforeBy1[x[0]-0xC0]
+	case 3:
+		after = m.afterBy2[int(x[1]&0x3F)<<6|int(x[2]&0x3F)]
+		before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
+	case 4:
+		after = m.afterBy2[int(x[2]&0x3F)<<6|int(x[3]&0x3F)]
+		if l, ok := m.afterBy3[uint32(x[1]&0x3F)<<12|uint32(x[2]&0x3F)<<6|uint32(x[3]&0x3F)]; ok {
+			after = l
+		}
+		before = m.beforeBy2[int(x[0]-0xE0)<<6|int(x[1]&0x3F)]
+		if l, ok := m.beforeBy3[uint32(x[0])<<12|uint32(x[1]&0x3F)<<6|uint32(x[2]&0x3F)]; ok {
+			before = l
+		}
+	}
+	return after, before
 }
 
 // sepTokens returns the number of tokens of a separate character (rank <
@@ -254,9 +403,24 @@ func (v *vocab) alone(x string) (toks int, inner int32) {
 	return parts, inner
 }
 
+// derivable reports whether tok, of the given rank, is the join of two
+// tokens of lower ranks, as every token of a vocabulary trained by BPE is.
+func (v *vocab) derivable(tok string, rank int32) bool {
+	for k := 1; k < len(tok); k++ {
+		if v.rank(tok[:k]) < rank && v.rank(tok[k:]) < rank {
+			return true
+		}
+	}
+	return false
+}
+
 // suppInfo returns the charInfo of a four-byte character.
 func (v *vocab) suppInfo(x string) charInfo {
-	r := rune(x[0]&0x07)<<18 | rune(x[1]&0x3F)<<12 | rune(x[2]&0x3F)<<6 | rune(x[3]&0x3F)
+	return v.suppChar(rune(x[0]&0x07)<<18 | rune(x[1]&0x3F)<<12 | rune(x[2]&0x3F)<<6 | rune(x[3]&0x3F))
+}
+
+// suppChar returns the charInfo of a character above the BMP.
+func (v *vocab) suppChar(r rune) charInfo {
 	pl := &v.planes[r>>16-1]
 	if !pl.ready.Load() {
 		v.buildPlane(pl, r>>16)
@@ -333,15 +497,70 @@ type cutIndex struct {
 }
 
 // cutList holds the neighbours (the rest of a cutting token, next to the
-// character) of a character's tails or heads, behind a filter on the
-// neighbour's first two bytes (for a head: its last two, nearest first),
-// so that most characters are cleared without comparing strings.
+// character) of a character's tails or heads, sorted by their nearest two
+// bytes (see nearKey), so that a look-up compares only the strings that
+// begin (for a head: end) with the bytes next to the character.
 type cutList struct {
-	one   [4]uint64 // bit b: a neighbour of one byte b
-	two   uint64    // bit pairBit(b0, b1): a longer neighbour starting b0 b1
-	next  []string  // after a tail: the bytes that follow
-	prev  []string  // before a head: the bytes that precede
-	ranks []int32   // the rank of each cutting token, in the order of next or prev
+	one   cutNear  // bit b: a neighbour of one byte b
+	two   uint64   // bit pairBit(b0, b1): a longer neighbour with nearest bytes b0, b1
+	keys  []uint32 // the key of each neighbour, ascending
+	next  []string // after a tail: the bytes that follow
+	prev  []string // before a head: the bytes that precede
+	ranks []int32  // the rank of each cutting token, in the order of next or prev
+}
+
+// nearKey is the key of a neighbour whose nearest byte is b0 and, when it
+// has more than one, next nearest b1 (-1 when it has one).
+func nearKey(b0 byte, b1 int) uint32 { return uint32(b0)<<9 | uint32(b1+1) }
+
+// index sorts the neighbours of l by key.
+func (l *cutList) index() {
+	n := len(l.ranks)
+	keys := make([]uint32, n)
+	order := make([]int, n)
+	for j := range n {
+		order[j] = j
+		switch {
+		case len(l.next) > 0 && len(l.next[j]) == 1:
+			keys[j] = nearKey(l.next[j][0], -1)
+		case len(l.next) > 0:
+			keys[j] = nearKey(l.next[j][0], int(l.next[j][1]))
+		case len(l.prev[j]) == 1:
+			keys[j] = nearKey(l.prev[j][0], -1)
+		default:
+			pre := l.prev[j]
+			keys[j] = nearKey(pre[len(pre)-1], int(pre[len(pre)-2]))
+		}
+	}
+	sort.SliceStable(order, func(a, b int) bool { return keys[order[a]] < keys[order[b]] })
+	sorted := cutList{keys: make([]uint32, n), ranks: make([]int32, n)}
+	for j, o := range order {
+		k := keys[o]
+		sorted.keys[j], sorted.ranks[j] = k, l.ranks[o]
+		if b0, b1 := byte(k>>9), int(k&0x1FF)-1; b1 < 0 {
+			sorted.one[b0>>6] |= 1 << (b0 & 63)
+		} else {
+			sorted.two |= pairBit(b0, byte(b1))
+		}
+		if len(l.next) > 0 {
+			sorted.next = append(sorted.next, l.next[o])
+		} else {
+			sorted.prev = append(sorted.prev, l.prev[o])
+		}
+	}
+	*l = sorted
+}
+
+func pairBit(b0, b1 byte) uint64 { return 1 << ((uint(b0)*11 + uint(b1)) & 63) }
+
+// find returns the range of the neighbours of l with key k.
+func (l *cutList) find(k uint32) (int, int) {
+	lo, _ := slices.BinarySearch(l.keys, k)
+	hi := lo
+	for hi < len(l.keys) && l.keys[hi] == k {
+		hi++
+	}
+	return lo, hi
 }
 
 // cutNear is the first filter of a cutList, kept apart in vocab.near so
@@ -351,8 +570,6 @@ type cutList struct {
 type cutNear [4]uint64
 
 func (f *cutNear) has(b byte) bool { return f[b>>6]&(1<<(b&63)) != 0 }
-
-func pairBit(b0, b1 byte) uint64 { return 1 << ((uint(b0)*11 + uint(b1)) & 63) }
 
 func (c *cutIndex) list(idx *uint16) *cutList {
 	if *idx == 0 {
@@ -376,23 +593,12 @@ func (c *cutIndex) mapList(m map[uint32]uint16, k uint32) *cutList {
 // addNext records rest as following a tail.
 func (l *cutList) addNext(rest string, rank int32) {
 	l.ranks = append(l.ranks, rank)
-	if len(rest) == 1 {
-		l.one[rest[0]>>6] |= 1 << (rest[0] & 63)
-	} else {
-		l.two |= pairBit(rest[0], rest[1])
-	}
 	l.next = append(l.next, rest)
 }
 
 // addPrev records pre as preceding a head.
 func (l *cutList) addPrev(pre string, rank int32) {
 	l.ranks = append(l.ranks, rank)
-	n := len(pre)
-	if n == 1 {
-		l.one[pre[0]>>6] |= 1 << (pre[0] & 63)
-	} else {
-		l.two |= pairBit(pre[n-1], pre[n-2])
-	}
 	l.prev = append(l.prev, pre)
 }
 
@@ -437,11 +643,20 @@ func (l *cutList) followedBy(after string, bound int32) bool {
 	if len(after) == 0 {
 		return false
 	}
-	if l.one[after[0]>>6]&(1<<(after[0]&63)) == 0 && (len(after) < 2 || l.two&pairBit(after[0], after[1]) == 0) {
+	if l.one.has(after[0]) {
+		lo, hi := l.find(nearKey(after[0], -1))
+		for j := lo; j < hi; j++ {
+			if l.ranks[j] < bound {
+				return true
+			}
+		}
+	}
+	if len(after) < 2 || l.two&pairBit(after[0], after[1]) == 0 {
 		return false
 	}
-	for j, rest := range l.next {
-		if l.ranks[j] < bound && strings.HasPrefix(after, rest) {
+	lo, hi := l.find(nearKey(after[0], int(after[1])))
+	for j := lo; j < hi; j++ {
+		if l.ranks[j] < bound && strings.HasPrefix(after, l.next[j]) {
 			return true
 		}
 	}
@@ -455,11 +670,20 @@ func (l *cutList) precededBy(before string, bound int32) bool {
 	if n == 0 {
 		return false
 	}
-	if l.one[before[n-1]>>6]&(1<<(before[n-1]&63)) == 0 && (n < 2 || l.two&pairBit(before[n-1], before[n-2]) == 0) {
+	if l.one.has(before[n-1]) {
+		lo, hi := l.find(nearKey(before[n-1], -1))
+		for j := lo; j < hi; j++ {
+			if l.ranks[j] < bound {
+				return true
+			}
+		}
+	}
+	if n < 2 || l.two&pairBit(before[n-1], before[n-2]) == 0 {
 		return false
 	}
-	for j, pre := range l.prev {
-		if l.ranks[j] < bound && strings.HasSuffix(before, pre) {
+	lo, hi := l.find(nearKey(before[n-1], int(before[n-2])))
+	for j := lo; j < hi; j++ {
+		if l.ranks[j] < bound && strings.HasSuffix(before, l.prev[j]) {
 			return true
 		}
 	}

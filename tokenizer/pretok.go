@@ -105,22 +105,27 @@ func class(s string, i int) (uint8, int) {
 // classMulti is class for a byte that is not ASCII.
 func classMulti(s string, i int) (uint8, int) {
 	b := s[i]
-	// Decode inline the sequences that have no overlong or surrogate
-	// forms: two bytes led by C2..DF (Latin, Greek, Cyrillic, Arabic, ...),
-	// three led by E1..EC or EE..EF (CJK, kana, hangul, Indic, ...), four
-	// led by F1..F3 or F0 with a second byte from 90 (emoji, rare CJK).
+	// Decode valid sequences inline; the checks on the code point reject
+	// overlong forms and surrogates, which the slow path below turns into
+	// U+FFFD one byte at a time.
 	switch {
-	case b-0xC2 < 0x1E:
-		if i+1 < len(s) && s[i+1]&0xC0 == 0x80 {
+	case b < 0xE0:
+		if b >= 0xC2 && i+1 < len(s) && s[i+1]&0xC0 == 0x80 {
 			return bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
 		}
-	case b-0xE1 < 0x0F && b != 0xED:
+	case b < 0xF0:
 		if i+2 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 {
-			return bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+			r := rune(b&0x0F)<<12 | rune(s[i+1]&0x3F)<<6 | rune(s[i+2]&0x3F)
+			if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
+				return bmpClass[r], 3
+			}
 		}
-	case b-0xF0 < 4:
-		if i+3 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 && s[i+3]&0xC0 == 0x80 && (b != 0xF0 || s[i+1] >= 0x90) {
-			return classOf(rune(b&0x07)<<18 | rune(s[i+1]&0x3F)<<12 | rune(s[i+2]&0x3F)<<6 | rune(s[i+3]&0x3F)), 4
+	case b < 0xF5:
+		if i+3 < len(s) && s[i+1]&0xC0 == 0x80 && s[i+2]&0xC0 == 0x80 && s[i+3]&0xC0 == 0x80 {
+			r := rune(b&0x07)<<18 | rune(s[i+1]&0x3F)<<12 | rune(s[i+2]&0x3F)<<6 | rune(s[i+3]&0x3F)
+			if uint32(r-0x10000) < 0x100000 {
+				return suppBlocks[int(suppIndex[(r-0x10000)>>8])<<8|int(r&0xFF)], 4
+			}
 		}
 	}
 	r, n := utf8.DecodeRuneInString(s[i:])
@@ -131,7 +136,24 @@ func classMulti(s string, i int) (uint8, int) {
 // of want, and whether it reached the end of s.
 func runEnd(s string, i int, want uint8) (int, bool) {
 	for i < len(s) {
-		c, n := class(s, i)
+		// class, inline for the common lengths
+		b := s[i]
+		c, n := bmpClass[b], 1
+		switch {
+		case b < utf8.RuneSelf:
+		case b-0xC2 < 0x1E && i+1 < len(s) && s[i+1]&0xC0 == 0x80:
+			c, n = bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
+		case b-0xE1 < 0x0C && i+2 < len(s) && load16(s, i+1)&0xC0C0 == 0x8080:
+			// E1..EC: no overlong forms, no surrogates
+			c, n = bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+		case b-0xF0 < 4 && i+3 < len(s) && load32(s, i)&0xC0C0C000 == 0x80808000 && (b != 0xF0 || s[i+1] >= 0x90):
+			// F0 (not overlong) to F3: planes 1 to 15
+			w := load32(s, i)
+			r := rune(w&0x07)<<18 | rune(w>>8&0x3F)<<12 | rune(w>>16&0x3F)<<6 | rune(w>>24&0x3F)
+			c, n = suppBlocks[int(suppIndex[(r-0x10000)>>8])<<8|int(r&0xFF)], 4
+		default:
+			c, n = classMulti(s, i)
+		}
 		if c&want == 0 {
 			return i, false
 		}
@@ -263,18 +285,21 @@ func splitCl100k(s string, i int) (int, bool) {
 	if n > 0 {
 		return i + n, false
 	}
-	c0, n0 := class(s, i)
+	c0, n0 := bmpClass[s[i]], 1 // class, inline for ASCII
+	if s[i] >= utf8.RuneSelf {
+		c0, n0 = classMulti(s, i)
+	}
 	if c0&clsL != 0 {
 		e, eof2 := runEnd(s, i+n0, clsL)
 		return e, eof || eof2
 	}
 	if c0&(clsL|clsN|clsNL) == 0 {
-		if i+n0 >= len(s) {
-			eof = true
-		} else if c1, n1 := class(s, i+n0); c1&clsL != 0 {
-			e, eof2 := runEnd(s, i+n0+n1, clsL)
+		// [^\r\n\p{L}\p{N}]?\p{L}+ with the optional character
+		e, eof2 := runEnd(s, i+n0, clsL)
+		if e > i+n0 {
 			return e, eof || eof2
 		}
+		eof = eof || i+n0 >= len(s)
 	}
 	if c0&clsN != 0 {
 		e, eof2 := splitDigits(s, i)
@@ -293,36 +318,53 @@ func splitCl100k(s string, i int) (int, bool) {
 // followed by an optional contraction, at j, with the backtracking of a
 // greedy U* against W+ resolved by remembering the last W inside the U run.
 func o200kLowerTail(s string, j int) (end int, eof, ok bool) {
-	lastW := -1
+	lastW := -1 // the end of the last W in the U run
 	k := j
+	var lastC uint8 // the class of s[k] when k < len(s)
+	lastN := 0
 	for k < len(s) {
-		c, n := class(s, k)
+		// class, inline for the common lengths
+		b := s[k]
+		c, n := bmpClass[b], 1
+		switch {
+		case b < utf8.RuneSelf:
+		case b-0xC2 < 0x1E && k+1 < len(s) && s[k+1]&0xC0 == 0x80:
+			c, n = bmpClass[rune(b&0x1F)<<6|rune(s[k+1]&0x3F)], 2
+		case b-0xE1 < 0x0C && k+2 < len(s) && load16(s, k+1)&0xC0C0 == 0x8080:
+			// E1..EC: no overlong forms, no surrogates
+			c, n = bmpClass[rune(b&0x0F)<<12|rune(s[k+1]&0x3F)<<6|rune(s[k+2]&0x3F)], 3
+		case b-0xF0 < 4 && k+3 < len(s) && load32(s, k)&0xC0C0C000 == 0x80808000 && (b != 0xF0 || s[k+1] >= 0x90):
+			// F0 (not overlong) to F3: planes 1 to 15
+			w := load32(s, k)
+			r := rune(w&0x07)<<18 | rune(w>>8&0x3F)<<12 | rune(w>>16&0x3F)<<6 | rune(w>>24&0x3F)
+			c, n = suppBlocks[int(suppIndex[(r-0x10000)>>8])<<8|int(r&0xFF)], 4
+		default:
+			c, n = classMulti(s, k)
+		}
+		lastC, lastN = c, n
 		if c&clsUpper == 0 {
 			break
 		}
+		k += n
 		if c&clsLower != 0 {
 			lastW = k
 		}
-		k += n
 	}
-	start := -1
-	if k < len(s) {
-		if c, _ := class(s, k); c&clsLower != 0 {
-			start = k
-		}
-	} else {
-		eof = true
+	c, n := lastC, lastN
+	var e int
+	switch {
+	case k < len(s) && c&clsLower != 0:
+		// s[k] is W but not U: W+ runs from there.
+		e, eof = runEnd(s, k+n, clsLower)
+	case lastW >= 0:
+		// W+ is the last W of the U run: the U that follow it, and s[k],
+		// are not W.
+		e, eof = lastW, k == len(s)
+	default:
+		return 0, k == len(s), false
 	}
-	if start < 0 {
-		start = lastW
-	}
-	if start < 0 {
-		return 0, eof, false
-	}
-	_, n := class(s, start)
-	e, eof2 := runEnd(s, start+n, clsLower)
-	c, eof3 := contraction(s, e)
-	return e + c, eof || eof2 || eof3, true
+	c2, eof2 := contraction(s, e)
+	return e + c2, eof || eof2, true
 }
 
 // o200kUpperHead matches [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*
@@ -346,7 +388,10 @@ func o200kUpperHead(s string, j int) (end int, eof, ok bool) {
 //	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
 //	\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 func splitO200k(s string, i int) (int, bool) {
-	c0, n0 := class(s, i)
+	c0, n0 := bmpClass[s[i]], 1 // class, inline for ASCII
+	if s[i] >= utf8.RuneSelf {
+		c0, n0 = classMulti(s, i)
+	}
 	opt := c0&(clsL|clsN|clsNL) == 0 // may be taken by [^\r\n\p{L}\p{N}]?
 	eof := false
 	if opt {

@@ -58,7 +58,12 @@ type vocab struct {
 	planes   [16]suppPlane // the same for planes 1 to 16, on first use
 	charMaps *charMaps
 	cuts     []cutList
-	near     []cutNear // the first filter of each of cuts
+	// spacedIndex holds, for every rune below 0x10000, the index in
+	// spaced of how a piece that starts with a space and the character
+	// may start (0: from bytes; premerge.go).
+	spacedIndex []uint16
+	spaced      []spacedStart
+	near        []cutNear // the first filter of each of cuts
 	// split finds the end of the pre-tokenizer piece starting at i.
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
@@ -208,6 +213,9 @@ func parseVocab(name string, data []byte) (*vocab, error) {
 			v.filter[i] |= m
 		}
 	}
+	if len(v.tokens) >= joinMask {
+		return nil, fmt.Errorf("tokenizer: %s: %d tokens, at most %d supported", name, len(v.tokens), joinMask-1)
+	}
 	v.valid = make([]uint64, (len(v.tokens)+63)/64)
 	for r, tok := range v.tokens {
 		if utf8.ValidString(tok) {
@@ -281,13 +289,21 @@ func (v *vocab) mayBeShort(k uint64) bool {
 // longKey is the filter key of a string longer than midMax: its length,
 // first and last 8 bytes.
 func longKey(s string) uint64 {
-	var a, b uint64
 	n := len(s)
-	for i := range 8 {
-		a |= uint64(s[i]) << (8 * i)
-		b |= uint64(s[n-8+i]) << (8 * i)
-	}
-	return a*0xC2B2AE3D27D4EB4F ^ b*0x165667B19E3779F9 ^ uint64(n)
+	return load64(s, 0)*0xC2B2AE3D27D4EB4F ^ load64(s, n-8)*0x165667B19E3779F9 ^ uint64(n)
+}
+
+// load16 returns the 2 bytes of s at i as a little-endian word.
+func load16(s string, i int) uint16 {
+	s = s[i : i+2]
+	return uint16(s[0]) | uint16(s[1])<<8
+}
+
+// load64 returns the 8 bytes of s at i as a little-endian word (one load).
+func load64(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // mayBeLong is mayBeShort for a string longer than midMax.
@@ -323,11 +339,7 @@ const midMax = 15
 // packMid packs s (8 to 15 bytes): its first 8 bytes, then the rest and
 // its length.
 func packMid(s string) [2]uint64 {
-	var k0 uint64
-	for i := range 8 {
-		k0 |= uint64(s[i]) << (8 * i)
-	}
-	return [2]uint64{k0, packShort(s[8:]) | uint64(len(s))<<60}
+	return [2]uint64{load64(s, 0), packShort(s[8:]) | uint64(len(s))<<60}
 }
 
 func midHash(k [2]uint64) uint64 {
