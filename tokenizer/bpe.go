@@ -313,6 +313,7 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 	// The parts of the segment from seg: their ranks and offsets.
 	toks, starts := w.toks[:len(p)], w.starts[:len(p)]
 	bytes := &v.bytes
+	m := v.charMaps
 	np, n, seg, whole := 0, 0, 0, false
 	outLen := 0
 	if out != nil {
@@ -326,7 +327,8 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 			i++
 			continue
 		}
-		// Decode the character (as charLen and class do) and look it up.
+		// Decode the character (as charLen and class do) and look it up
+		// (as bmpChar or suppChar).
 		var ci charInfo
 		size := 0
 		r := rune(0)
@@ -334,13 +336,15 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		case b < 0xE0:
 			if b >= 0xC2 && i+1 < len(p) && isCont(p[i+1]) {
 				r = rune(b&0x1F)<<6 | rune(p[i+1]&0x3F)
-				ci, size = v.chars[r], 2
+				ci = charInfo{rank: v.chars[r], after: m.afterBy1[r&0x3F], before: m.beforeBy1[r>>6]}
+				size = 2
 			}
 		case b < 0xF0:
 			if i+2 < len(p) && load16(p, i+1)&0xC0C0 == 0x8080 {
 				r = rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
 				if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
-					ci, size = v.chars[r], 3
+					ci = charInfo{rank: v.chars[r], after: m.afterBy2[r&0xFFF], before: m.beforeBy2[r>>6]}
+					size = 3
 				}
 			}
 		case b < 0xF5:

@@ -212,15 +212,15 @@ func (v *vocab) buildChars() {
 		m.beforeBy3[k] = join(m.beforeBy2[int((k>>12)-0xE0)<<6|int((k>>6)&0x3F)], l)
 	}
 	v.charMaps = m
-	v.chars = make([]charInfo, 0x10000)
+	v.chars = make([]int32, 0x10000)
 	var buf [4]byte
 	for r := range v.chars {
 		if r < 0x80 || (0xD800 <= r && r < 0xE000) {
-			v.chars[r] = charInfo{rank: -1}
+			v.chars[r] = -1
 			continue
 		}
 		n := utf8.EncodeRune(buf[:], rune(r))
-		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r])
+		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r]).rank
 	}
 	v.spacedStarts(&cut, minSpaced)
 	v.cuts = cut.lists
@@ -368,6 +368,21 @@ func (m *charMaps) lists(x string) (after, before uint16) {
 		}
 	}
 	return after, before
+}
+
+// bmpChar returns the charInfo of a character of two or three bytes,
+// rune r: its rank from vocab.chars, its cut lists from its bytes.
+func (v *vocab) bmpChar(r rune) charInfo {
+	m := v.charMaps
+	ci := charInfo{rank: v.chars[r]}
+	switch {
+	case r < 0x80 || (0xD800 <= r && r < 0xE000):
+	case r < 0x800:
+		ci.after, ci.before = m.afterBy1[r&0x3F], m.beforeBy1[r>>6]
+	default:
+		ci.after, ci.before = m.afterBy2[r&0xFFF], m.beforeBy2[r>>6]
+	}
+	return ci
 }
 
 // sepTokens returns the number of tokens of a separate character (rank <
