@@ -375,11 +375,16 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 				continue
 			}
 		}
-		// Whether a token cuts the character: the filters of vocab.near
+		// Whether a token cuts the character: the filters of vocab.near,
+		// with the least ranks of the neighbours they pass,
 		// clear most characters here, the rest in uncut.
 		uncut := ci.rank != -1
-		if uncut && (ci.after != 0 && i+size < len(p) && v.near[ci.after].has(p[i+size]) ||
-			ci.before != 0 && i > 0 && v.near[ci.before].has(p[i-1])) {
+		bound := ci.rank // as in uncut
+		if bound < 0 {
+			bound = math.MaxInt32
+		}
+		if uncut && (i+size < len(p) && v.nearBelow(ci.after, p[i+size], bound) ||
+			i > 0 && v.nearBelow(ci.before, p[i-1], bound)) {
 			uncut = v.uncut(p, i, size, ci)
 		}
 		switch {
@@ -414,10 +419,10 @@ func (v *vocab) spacedUncut(sp *spacedStart, c charInfo, rest string) bool {
 	if rest == "" {
 		return true
 	}
-	if c.after != 0 && v.near[c.after].has(rest[0]) && v.cuts[c.after].followedBy(rest, sp.bound) {
+	if v.nearBelow(c.after, rest[0], sp.bound) && v.cuts[c.after].followedBy(rest, sp.bound) {
 		return false
 	}
-	return sp.ext == 0 || !v.near[sp.ext].has(rest[0]) || !v.cuts[sp.ext].followedBy(rest, sp.bound)
+	return !v.nearBelow(sp.ext, rest[0], sp.bound) || !v.cuts[sp.ext].followedBy(rest, sp.bound)
 }
 
 // mergeInvalid is merge for p with invalid UTF-8: it merges p with each

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -224,16 +225,30 @@ func (v *vocab) buildChars() {
 	}
 	v.spacedStarts(&cut, minSpaced)
 	v.cuts = cut.lists
-	v.near = make([]cutNear, len(v.cuts))
+	v.near = make([]nearFilter, len(v.cuts))
 	for i := range v.cuts {
 		l := &v.cuts[i]
 		l.index()
-		for _, rest := range l.next {
-			v.near[i][rest[0]>>6] |= 1 << (rest[0] & 63)
+		var least [256]int32 // least rank of a neighbour by nearest byte
+		for b := range least {
+			least[b] = math.MaxInt32
 		}
-		for _, pre := range l.prev {
+		for j, rest := range l.next {
+			least[rest[0]] = min(least[rest[0]], l.ranks[j])
+		}
+		for j, pre := range l.prev {
 			b := pre[len(pre)-1]
-			v.near[i][b>>6] |= 1 << (b & 63)
+			least[b] = min(least[b], l.ranks[j])
+		}
+		f := &v.near[i]
+		for b, r := range least {
+			if b&63 == 0 {
+				f.base[b>>6] = uint32(len(v.nearRanks))
+			}
+			if r != math.MaxInt32 {
+				f.bits[b>>6] |= 1 << (b & 63)
+				v.nearRanks = append(v.nearRanks, r)
+			}
 		}
 	}
 }
@@ -586,6 +601,25 @@ type cutNear [4]uint64
 
 func (f *cutNear) has(b byte) bool { return f[b>>6]&(1<<(b&63)) != 0 }
 
+// nearFilter is the first filter of a cutList, kept apart in vocab.near so
+// that the check every character makes touches a few bytes: bit b of bits
+// is set when a neighbour starts (after a tail) or ends (before a head)
+// with byte b, and vocab.nearRanks holds the least rank of the tokens of
+// those neighbours, for the set bits in order from base.
+type nearFilter struct {
+	bits [4]uint64
+	base [4]uint32 // index in vocab.nearRanks of the first set bit of each word of bits
+}
+
+// nearBelow reports whether cut list l may hold a neighbour whose nearest
+// byte is b and whose token ranks below bound: when it does not, the list
+// cuts nothing there (followedBy and precededBy count only such tokens).
+func (v *vocab) nearBelow(l uint16, b byte, bound int32) bool {
+	f := &v.near[l]
+	w, bit := f.bits[b>>6], uint64(1)<<(b&63)
+	return w&bit != 0 && v.nearRanks[f.base[b>>6]+uint32(bits.OnesCount64(w&(bit-1)))] < bound
+}
+
 func (c *cutIndex) list(idx *uint16) *cutList {
 	if *idx == 0 {
 		if len(c.lists) >= math.MaxUint16 {
@@ -715,8 +749,8 @@ func (v *vocab) uncut(p string, i, n int, c charInfo) bool {
 	if c.rank >= 0 {
 		bound = c.rank
 	}
-	if c.after != 0 && i+n < len(p) && v.near[c.after].has(p[i+n]) && v.cuts[c.after].followedBy(p[i+n:], bound) {
+	if i+n < len(p) && v.nearBelow(c.after, p[i+n], bound) && v.cuts[c.after].followedBy(p[i+n:], bound) {
 		return false
 	}
-	return c.before == 0 || i == 0 || !v.near[c.before].has(p[i-1]) || !v.cuts[c.before].precededBy(p[:i], bound)
+	return i == 0 || !v.nearBelow(c.before, p[i-1], bound) || !v.cuts[c.before].precededBy(p[:i], bound)
 }

@@ -66,7 +66,8 @@ type vocab struct {
 	// may start (0: from bytes; premerge.go).
 	spacedIndex []uint16
 	spaced      []spacedStart
-	near        []cutNear // the first filter of each of cuts
+	near        []nearFilter // the first filter of each of cuts
+	nearRanks   []int32      // the least ranks of near (see nearFilter)
 	// split finds the end of the pre-tokenizer piece starting at i.
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
