@@ -509,10 +509,67 @@ func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bo
 			keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
 		}
 	}
+	if n <= 3 {
+		return v.mergeFew(w, jc, s, toks, starts, out)
+	}
 	for i := n - 1; i < width; i++ {
 		keys[i] = noKey
 	}
 	return v.scan(w, jc, s, toks, starts, width, bytes, out)
+}
+
+// mergeFew is scan for two or three parts, whose keys are in w.scan.keys:
+// at most two merges, the second, if any, of the merged part with the
+// part left over.
+func (v *vocab) mergeFew(w *worker, jc *joinCache, s string, toks, starts []int32, out *[]int) int {
+	keys := &w.scan.keys
+	n := len(toks)
+	m := keys[0]
+	if n == 3 {
+		m = min(m, keys[1])
+	}
+	w.work += n
+	if m >= noKey {
+		if out != nil {
+			for _, t := range toks {
+				*out = append(*out, int(t))
+			}
+		}
+		return n
+	}
+	w.work++
+	r := int32(m >> keyBits)
+	if n == 2 {
+		if out != nil {
+			*out = append(*out, int(r))
+		}
+		return 1
+	}
+	// The merged part and the one left over, in order.
+	a, b := r, toks[2]
+	if m&(1<<keyBits-1) == 1 {
+		a, b = toks[0], r
+	}
+	var j int32
+	if len(s) <= shortMax { // as in mergeSegment
+		j = noRank
+		if k := packShort(s); v.mayBeShort(k) {
+			j = v.getShort(k)
+		}
+	} else {
+		j = v.join(jc, a, b, s)
+	}
+	if uint32(j) < noRank { // a token: the third merge
+		w.work++
+		if out != nil {
+			*out = append(*out, int(j))
+		}
+		return 1
+	}
+	if out != nil {
+		*out = append(*out, int(a), int(b))
+	}
+	return 2
 }
 
 // scanState is the scratch of scan, kept in the worker so that it need
