@@ -23,13 +23,15 @@ type cacheSlot struct {
 
 type pieceCache [1 << cacheBits]cacheSlot
 
-// cacheSeed keys the cache's hash per process, so that no input can be
-// crafted to collide.
-var cacheSeed = maphash.MakeSeed()
-
-func (c *pieceCache) slot(p string) *cacheSlot {
-	return &c[maphash.String(cacheSeed, p)>>(64-cacheBits)]
-}
+// cacheSeed and cacheKeys key the cache's hash per process, so that no
+// input can be crafted to collide: a piece longer than midMax hashes its
+// bytes with maphash, a shorter one its packed key (see countPiece),
+// mixed with cacheKeys and multiplied, whose carries make collisions
+// depend on the keys.
+var (
+	cacheSeed = maphash.MakeSeed()
+	cacheKeys = [2]uint64{maphash.String(cacheSeed, "short"), maphash.String(cacheSeed, "mid")}
+)
 
 const noRank = math.MaxInt32
 
@@ -204,8 +206,28 @@ func (v *vocab) countPiece(w *worker, p string) int {
 	}
 	w.work++
 	// A piece that is a token is one token, unless the token is a
-	// fragment of a character: then the piece holds invalid UTF-8.
-	if r := v.rank(p); r != noRank && v.valid[r>>6]&(1<<(r&63)) != 0 {
+	// fragment of a character: then the piece holds invalid UTF-8. This
+	// is rank, inline: a piece of up to midMax bytes hashes its packed
+	// key for the cache too.
+	r, h := int32(noRank), uint64(0)
+	switch {
+	case len(p) <= shortMax:
+		k := packShort(p)
+		if v.mayBeShort(k) {
+			r = v.getShort(k)
+		}
+		h = (k ^ cacheKeys[0]) * 0x9E3779B97F4A7C15
+	case len(p) <= midMax:
+		k := packMid(p)
+		if v.mayBeMid(k) {
+			r = v.getMid(k)
+		}
+		h = (k[0]^cacheKeys[0])*0x9E3779B97F4A7C15 + (k[1]^cacheKeys[1])*0xC2B2AE3D27D4EB4F
+	default:
+		r = v.rank(p)
+		h = maphash.String(cacheSeed, p)
+	}
+	if r != noRank && v.valid[r>>6]&(1<<(r&63)) != 0 {
 		return 1
 	}
 	// The cache is keyed by the raw piece: invalid bytes map to U+FFFD
@@ -217,7 +239,7 @@ func (v *vocab) countPiece(w *worker, p string) int {
 			c = new(pieceCache)
 			w.cache[v.id] = c
 		}
-		slot = c.slot(p)
+		slot = &c[h>>(64-cacheBits)]
 		if int(slot.n) == len(p) && string(slot.key[:len(p)]) == p {
 			return int(slot.count)
 		}
