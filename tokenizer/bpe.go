@@ -23,13 +23,15 @@ type cacheSlot struct {
 
 type pieceCache [1 << cacheBits]cacheSlot
 
-// cacheSeed keys the cache's hash per process, so that no input can be
-// crafted to collide.
-var cacheSeed = maphash.MakeSeed()
-
-func (c *pieceCache) slot(p string) *cacheSlot {
-	return &c[maphash.String(cacheSeed, p)>>(64-cacheBits)]
-}
+// cacheSeed and cacheKeys key the cache's hash per process, so that no
+// input can be crafted to collide: a piece longer than midMax hashes its
+// bytes with maphash, a shorter one its packed key (see countPiece),
+// mixed with cacheKeys and multiplied, whose carries make collisions
+// depend on the keys.
+var (
+	cacheSeed = maphash.MakeSeed()
+	cacheKeys = [2]uint64{maphash.String(cacheSeed, "short"), maphash.String(cacheSeed, "mid")}
+)
 
 const noRank = math.MaxInt32
 
@@ -204,8 +206,28 @@ func (v *vocab) countPiece(w *worker, p string) int {
 	}
 	w.work++
 	// A piece that is a token is one token, unless the token is a
-	// fragment of a character: then the piece holds invalid UTF-8.
-	if r := v.rank(p); r != noRank && v.valid[r>>6]&(1<<(r&63)) != 0 {
+	// fragment of a character: then the piece holds invalid UTF-8. This
+	// is rank, inline: a piece of up to midMax bytes hashes its packed
+	// key for the cache too.
+	r, h := int32(noRank), uint64(0)
+	switch {
+	case len(p) <= shortMax:
+		k := packShort(p)
+		if v.mayBeShort(k) {
+			r = v.getShort(k)
+		}
+		h = (k ^ cacheKeys[0]) * 0x9E3779B97F4A7C15
+	case len(p) <= midMax:
+		k := packMid(p)
+		if v.mayBeMid(k) {
+			r = v.getMid(k)
+		}
+		h = (k[0]^cacheKeys[0])*0x9E3779B97F4A7C15 + (k[1]^cacheKeys[1])*0xC2B2AE3D27D4EB4F
+	default:
+		r = v.rank(p)
+		h = maphash.String(cacheSeed, p)
+	}
+	if r != noRank && v.valid[r>>6]&(1<<(r&63)) != 0 {
 		return 1
 	}
 	// The cache is keyed by the raw piece: invalid bytes map to U+FFFD
@@ -217,7 +239,7 @@ func (v *vocab) countPiece(w *worker, p string) int {
 			c = new(pieceCache)
 			w.cache[v.id] = c
 		}
-		slot = c.slot(p)
+		slot = &c[h>>(64-cacheBits)]
 		if int(slot.n) == len(p) && string(slot.key[:len(p)]) == p {
 			return int(slot.count)
 		}
@@ -313,6 +335,7 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 	// The parts of the segment from seg: their ranks and offsets.
 	toks, starts := w.toks[:len(p)], w.starts[:len(p)]
 	bytes := &v.bytes
+	m := v.charMaps
 	np, n, seg, whole := 0, 0, 0, false
 	outLen := 0
 	if out != nil {
@@ -326,7 +349,8 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 			i++
 			continue
 		}
-		// Decode the character (as charLen and class do) and look it up.
+		// Decode the character (as charLen and class do) and look it up
+		// (as bmpChar or suppChar).
 		var ci charInfo
 		size := 0
 		r := rune(0)
@@ -334,13 +358,15 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 		case b < 0xE0:
 			if b >= 0xC2 && i+1 < len(p) && isCont(p[i+1]) {
 				r = rune(b&0x1F)<<6 | rune(p[i+1]&0x3F)
-				ci, size = v.chars[r], 2
+				ci = charInfo{rank: v.chars[r], after: m.afterBy1[r&0x3F], before: m.beforeBy1[r>>6]}
+				size = 2
 			}
 		case b < 0xF0:
 			if i+2 < len(p) && load16(p, i+1)&0xC0C0 == 0x8080 {
 				r = rune(b&0x0F)<<12 | rune(p[i+1]&0x3F)<<6 | rune(p[i+2]&0x3F)
 				if r >= 0x800 && uint32(r-0xD800) >= 0x800 {
-					ci, size = v.chars[r], 3
+					ci = charInfo{rank: v.chars[r], after: m.afterBy2[r&0xFFF], before: m.beforeBy2[r>>6]}
+					size = 3
 				}
 			}
 		case b < 0xF5:
@@ -371,11 +397,16 @@ func (v *vocab) mergeChars(w *worker, p string, out *[]int) int {
 				continue
 			}
 		}
-		// Whether a token cuts the character: the filters of vocab.near
+		// Whether a token cuts the character: the filters of vocab.near,
+		// with the least ranks of the neighbours they pass,
 		// clear most characters here, the rest in uncut.
 		uncut := ci.rank != -1
-		if uncut && (ci.after != 0 && i+size < len(p) && v.near[ci.after].has(p[i+size]) ||
-			ci.before != 0 && i > 0 && v.near[ci.before].has(p[i-1])) {
+		bound := ci.rank // as in uncut
+		if bound < 0 {
+			bound = math.MaxInt32
+		}
+		if uncut && (i+size < len(p) && v.nearBelow(ci.after, p[i+size], bound) ||
+			i > 0 && v.nearBelow(ci.before, p[i-1], bound)) {
 			uncut = v.uncut(p, i, size, ci)
 		}
 		switch {
@@ -410,10 +441,10 @@ func (v *vocab) spacedUncut(sp *spacedStart, c charInfo, rest string) bool {
 	if rest == "" {
 		return true
 	}
-	if c.after != 0 && v.near[c.after].has(rest[0]) && v.cuts[c.after].followedBy(rest, sp.bound) {
+	if v.nearBelow(c.after, rest[0], sp.bound) && v.cuts[c.after].followedBy(rest, sp.bound) {
 		return false
 	}
-	return sp.ext == 0 || !v.near[sp.ext].has(rest[0]) || !v.cuts[sp.ext].followedBy(rest, sp.bound)
+	return !v.nearBelow(sp.ext, rest[0], sp.bound) || !v.cuts[sp.ext].followedBy(rest, sp.bound)
 }
 
 // mergeInvalid is merge for p with invalid UTF-8: it merges p with each
@@ -500,10 +531,67 @@ func (v *vocab) mergeSegment(w *worker, s string, toks, starts []int32, bytes bo
 			keys[i] = uint32(int32(e&joinMask)-1)<<keyBits | uint32(i)
 		}
 	}
+	if n <= 3 {
+		return v.mergeFew(w, jc, s, toks, starts, out)
+	}
 	for i := n - 1; i < width; i++ {
 		keys[i] = noKey
 	}
 	return v.scan(w, jc, s, toks, starts, width, bytes, out)
+}
+
+// mergeFew is scan for two or three parts, whose keys are in w.scan.keys:
+// at most two merges, the second, if any, of the merged part with the
+// part left over.
+func (v *vocab) mergeFew(w *worker, jc *joinCache, s string, toks, starts []int32, out *[]int) int {
+	keys := &w.scan.keys
+	n := len(toks)
+	m := keys[0]
+	if n == 3 {
+		m = min(m, keys[1])
+	}
+	w.work += n
+	if m >= noKey {
+		if out != nil {
+			for _, t := range toks {
+				*out = append(*out, int(t))
+			}
+		}
+		return n
+	}
+	w.work++
+	r := int32(m >> keyBits)
+	if n == 2 {
+		if out != nil {
+			*out = append(*out, int(r))
+		}
+		return 1
+	}
+	// The merged part and the one left over, in order.
+	a, b := r, toks[2]
+	if m&(1<<keyBits-1) == 1 {
+		a, b = toks[0], r
+	}
+	var j int32
+	if len(s) <= shortMax { // as in mergeSegment
+		j = noRank
+		if k := packShort(s); v.mayBeShort(k) {
+			j = v.getShort(k)
+		}
+	} else {
+		j = v.join(jc, a, b, s)
+	}
+	if uint32(j) < noRank { // a token: the third merge
+		w.work++
+		if out != nil {
+			*out = append(*out, int(j))
+		}
+		return 1
+	}
+	if out != nil {
+		*out = append(*out, int(a), int(b))
+	}
+	return 2
 }
 
 // scanState is the scratch of scan, kept in the worker so that it need

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -212,28 +213,42 @@ func (v *vocab) buildChars() {
 		m.beforeBy3[k] = join(m.beforeBy2[int((k>>12)-0xE0)<<6|int((k>>6)&0x3F)], l)
 	}
 	v.charMaps = m
-	v.chars = make([]charInfo, 0x10000)
+	v.chars = make([]int32, 0x10000)
 	var buf [4]byte
 	for r := range v.chars {
 		if r < 0x80 || (0xD800 <= r && r < 0xE000) {
-			v.chars[r] = charInfo{rank: -1}
+			v.chars[r] = -1
 			continue
 		}
 		n := utf8.EncodeRune(buf[:], rune(r))
-		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r])
+		v.chars[r] = v.charInfo(string(buf[:n]), minStart[r], minEnd[r]).rank
 	}
 	v.spacedStarts(&cut, minSpaced)
 	v.cuts = cut.lists
-	v.near = make([]cutNear, len(v.cuts))
+	v.near = make([]nearFilter, len(v.cuts))
 	for i := range v.cuts {
 		l := &v.cuts[i]
 		l.index()
-		for _, rest := range l.next {
-			v.near[i][rest[0]>>6] |= 1 << (rest[0] & 63)
+		var least [256]int32 // least rank of a neighbour by nearest byte
+		for b := range least {
+			least[b] = math.MaxInt32
 		}
-		for _, pre := range l.prev {
+		for j, rest := range l.next {
+			least[rest[0]] = min(least[rest[0]], l.ranks[j])
+		}
+		for j, pre := range l.prev {
 			b := pre[len(pre)-1]
-			v.near[i][b>>6] |= 1 << (b & 63)
+			least[b] = min(least[b], l.ranks[j])
+		}
+		f := &v.near[i]
+		for b, r := range least {
+			if b&63 == 0 {
+				f.base[b>>6] = uint32(len(v.nearRanks))
+			}
+			if r != math.MaxInt32 {
+				f.bits[b>>6] |= 1 << (b & 63)
+				v.nearRanks = append(v.nearRanks, r)
+			}
 		}
 	}
 }
@@ -368,6 +383,21 @@ func (m *charMaps) lists(x string) (after, before uint16) {
 		}
 	}
 	return after, before
+}
+
+// bmpChar returns the charInfo of a character of two or three bytes,
+// rune r: its rank from vocab.chars, its cut lists from its bytes.
+func (v *vocab) bmpChar(r rune) charInfo {
+	m := v.charMaps
+	ci := charInfo{rank: v.chars[r]}
+	switch {
+	case r < 0x80 || (0xD800 <= r && r < 0xE000):
+	case r < 0x800:
+		ci.after, ci.before = m.afterBy1[r&0x3F], m.beforeBy1[r>>6]
+	default:
+		ci.after, ci.before = m.afterBy2[r&0xFFF], m.beforeBy2[r>>6]
+	}
+	return ci
 }
 
 // sepTokens returns the number of tokens of a separate character (rank <
@@ -571,6 +601,25 @@ type cutNear [4]uint64
 
 func (f *cutNear) has(b byte) bool { return f[b>>6]&(1<<(b&63)) != 0 }
 
+// nearFilter is the first filter of a cutList, kept apart in vocab.near so
+// that the check every character makes touches a few bytes: bit b of bits
+// is set when a neighbour starts (after a tail) or ends (before a head)
+// with byte b, and vocab.nearRanks holds the least rank of the tokens of
+// those neighbours, for the set bits in order from base.
+type nearFilter struct {
+	bits [4]uint64
+	base [4]uint32 // index in vocab.nearRanks of the first set bit of each word of bits
+}
+
+// nearBelow reports whether cut list l may hold a neighbour whose nearest
+// byte is b and whose token ranks below bound: when it does not, the list
+// cuts nothing there (followedBy and precededBy count only such tokens).
+func (v *vocab) nearBelow(l uint16, b byte, bound int32) bool {
+	f := &v.near[l]
+	w, bit := f.bits[b>>6], uint64(1)<<(b&63)
+	return w&bit != 0 && v.nearRanks[f.base[b>>6]+uint32(bits.OnesCount64(w&(bit-1)))] < bound
+}
+
 func (c *cutIndex) list(idx *uint16) *cutList {
 	if *idx == 0 {
 		if len(c.lists) >= math.MaxUint16 {
@@ -700,8 +749,8 @@ func (v *vocab) uncut(p string, i, n int, c charInfo) bool {
 	if c.rank >= 0 {
 		bound = c.rank
 	}
-	if c.after != 0 && i+n < len(p) && v.near[c.after].has(p[i+n]) && v.cuts[c.after].followedBy(p[i+n:], bound) {
+	if i+n < len(p) && v.nearBelow(c.after, p[i+n], bound) && v.cuts[c.after].followedBy(p[i+n:], bound) {
 		return false
 	}
-	return c.before == 0 || i == 0 || !v.near[c.before].has(p[i-1]) || !v.cuts[c.before].precededBy(p[:i], bound)
+	return i == 0 || !v.nearBelow(c.before, p[i-1], bound) || !v.cuts[c.before].precededBy(p[:i], bound)
 }

@@ -32,7 +32,7 @@ func (v *vocab) info(x string) charInfo {
 		return v.suppInfo(x)
 	}
 	r, _ := utf8.DecodeRuneInString(x)
-	return v.chars[r]
+	return v.bmpChar(r)
 }
 
 // TestPremergeCutTokens puts the characters that may start as one part or
@@ -67,7 +67,7 @@ func TestPremergeCutTokens(t *testing.T) {
 					heads[x[:k]] = append(heads[x[:k]], x)
 				}
 			}
-			if r >= 0x4E00 && r < 0xA000 && v.chars[r].rank >= 0 {
+			if r >= 0x4E00 && r < 0xA000 && v.chars[r] >= 0 {
 				filler = append(filler, x)
 			}
 		}
@@ -146,7 +146,7 @@ func TestPremergeExtensions(t *testing.T) {
 		}
 		var filler []string
 		for r := rune(0x4E00); r < 0xA000; r++ {
-			if v.chars[r].rank >= 0 {
+			if v.chars[r] >= 0 {
 				filler = append(filler, string(r))
 			}
 		}

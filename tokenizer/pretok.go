@@ -143,9 +143,14 @@ func runEnd(s string, i int, want uint8) (int, bool) {
 		case b < utf8.RuneSelf:
 		case b-0xC2 < 0x1E && i+1 < len(s) && s[i+1]&0xC0 == 0x80:
 			c, n = bmpClass[rune(b&0x1F)<<6|rune(s[i+1]&0x3F)], 2
-		case b-0xE1 < 0x0C && i+2 < len(s) && load16(s, i+1)&0xC0C0 == 0x8080:
-			// E1..EC: no overlong forms, no surrogates
-			c, n = bmpClass[rune(b&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)], 3
+		case b-0xE0 < 0x10 && i+2 < len(s) && load16(s, i+1)&0xC0C0 == 0x8080:
+			// E0..EF: an overlong form or a surrogate is invalid
+			r := rune(b&0x0F)<<12 | rune(s[i+1]&0x3F)<<6 | rune(s[i+2]&0x3F)
+			if r < 0x800 || uint32(r-0xD800) < 0x800 {
+				c, n = classMulti(s, i)
+				break
+			}
+			c, n = bmpClass[r], 3
 		case b-0xF0 < 4 && i+3 < len(s) && load32(s, i)&0xC0C0C000 == 0x80808000 && (b != 0xF0 || s[i+1] >= 0x90):
 			// F0 (not overlong) to F3: planes 1 to 15
 			w := load32(s, i)
@@ -330,9 +335,14 @@ func o200kLowerTail(s string, j int) (end int, eof, ok bool) {
 		case b < utf8.RuneSelf:
 		case b-0xC2 < 0x1E && k+1 < len(s) && s[k+1]&0xC0 == 0x80:
 			c, n = bmpClass[rune(b&0x1F)<<6|rune(s[k+1]&0x3F)], 2
-		case b-0xE1 < 0x0C && k+2 < len(s) && load16(s, k+1)&0xC0C0 == 0x8080:
-			// E1..EC: no overlong forms, no surrogates
-			c, n = bmpClass[rune(b&0x0F)<<12|rune(s[k+1]&0x3F)<<6|rune(s[k+2]&0x3F)], 3
+		case b-0xE0 < 0x10 && k+2 < len(s) && load16(s, k+1)&0xC0C0 == 0x8080:
+			// E0..EF: an overlong form or a surrogate is invalid
+			r := rune(b&0x0F)<<12 | rune(s[k+1]&0x3F)<<6 | rune(s[k+2]&0x3F)
+			if r < 0x800 || uint32(r-0xD800) < 0x800 {
+				c, n = classMulti(s, k)
+				break
+			}
+			c, n = bmpClass[r], 3
 		case b-0xF0 < 4 && k+3 < len(s) && load32(s, k)&0xC0C0C000 == 0x80808000 && (b != 0xF0 || s[k+1] >= 0x90):
 			// F0 (not overlong) to F3: planes 1 to 15
 			w := load32(s, k)

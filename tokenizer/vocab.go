@@ -50,11 +50,14 @@ type vocab struct {
 	midRanks []int32
 	midMask  uint64
 	// chars tells, for every rune below 0x10000, whether a piece may start
-	// its merges from the character as one part or be cut around it;
-	// charMaps holds what computing the same for a four-byte character
-	// takes; cuts lists the tokens that forbid either in some contexts
-	// (see premerge.go).
-	chars    []charInfo
+	// its merges from the character as one part or be cut around it (the
+	// rank of its charInfo: 4 bytes a character, so that text of many
+	// scripts finds more of them in the CPU cache; the cut lists of a
+	// character of two or three bytes follow from its bytes, see
+	// bmpChar); charMaps holds what computing the same for a four-byte
+	// character takes, and those lists; cuts lists the tokens that forbid
+	// either in some contexts (see premerge.go).
+	chars    []int32
 	planes   [16]suppPlane // the same for planes 1 to 16, on first use
 	charMaps *charMaps
 	cuts     []cutList
@@ -63,7 +66,8 @@ type vocab struct {
 	// may start (0: from bytes; premerge.go).
 	spacedIndex []uint16
 	spaced      []spacedStart
-	near        []cutNear // the first filter of each of cuts
+	near        []nearFilter // the first filter of each of cuts
+	nearRanks   []int32      // the least ranks of near (see nearFilter)
 	// split finds the end of the pre-tokenizer piece starting at i.
 	split func(s string, i int) (end int, eof bool)
 	// tokens maps a rank back to its bytes, for Encode round trips in tests.
