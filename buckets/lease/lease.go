@@ -750,10 +750,22 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	if refused {
 		return false, nil
 	}
+	var demoted []buckets.Bucket
 	for _, p := range parts {
 		if p.demoted {
+			demoted = append(demoted, r.Buckets[p.i])
+		}
+	}
+	if len(demoted) > 0 {
+		// No lease call could be made: the inner store decides for these
+		// buckets, as it does for reserves (S21: failing open, from its
+		// fallback; failing closed, an error, and the stream is cut). It
+		// extends a copy, so that Extended is counted once, below.
+		dr := buckets.Reservation{ID: r.ID, Priority: r.Priority, Lifetime: r.Lifetime, Buckets: demoted}
+		ok, err := s.inner.Extend(ctx, &dr, n)
+		if err != nil || !ok {
 			s.undo(r.Buckets, parts, n)
-			return false, fmt.Errorf("lease: extend: a lease call failed: %w", buckets.ErrStore)
+			return false, err
 		}
 	}
 	if o.inner != nil {

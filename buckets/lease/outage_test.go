@@ -65,3 +65,63 @@ func TestOutageLeasesRunOutThenFailoverDecides(t *testing.T) {
 		t.Errorf("admitted %d once Redis answered again, want the bucket's 100", n)
 	}
 }
+
+// A stream on a hard leased bucket that outlives its lease during a Redis
+// outage (S14, S21): failing open, its extensions come from the failover
+// store's fallback, as its admission would, and stop where the fallback
+// does; failing closed, an extension answers a store error, and the
+// stream is cut.
+func TestOutageHardLeaseExtendsFromTheFallback(t *testing.T) {
+	for name, mode := range map[string]failover.Mode{"open": failover.Open, "closed": failover.Closed} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: time.Second})
+			t.Cleanup(func() { c.Close() })
+			clock := bucketstest.NewClock()
+			rs := redisstore.New(c, redisstore.Options{})
+			opts := failover.Options{Mode: mode, Backoff: time.Second, Now: clock.Now}
+			if mode == failover.Open {
+				opts.Fallback = buckets.Limit{Capacity: 50, Rate: 1e-9}
+			}
+			fo := failover.New(rs, opts)
+			ls := lease.New(fo, rs, lease.Options{Backoff: time.Second, SweepEvery: -1, Now: clock.Now})
+			ctx := context.Background()
+			b := buckets.Bucket{Name: "budget", Key: "budget", Hard: true, Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9},
+				Lease: &buckets.Lease{Size: 20}}
+			d, err := ls.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{b}})
+			if err != nil || !d.OK {
+				t.Fatalf("Reserve = %+v, %v", d, err)
+			}
+			srv.Kill()
+			// 10 tokens left in the lease, then the fallback's 50 when
+			// failing open.
+			extended := 0
+			for extended < 200 {
+				ok, err := ls.Extend(ctx, d.Reservation, 5)
+				if mode == failover.Closed && extended >= 10 {
+					if err == nil || ok {
+						t.Fatalf("failing closed, Extend past the lease = %v, %v; want a store error", ok, err)
+					}
+					break
+				}
+				if err != nil {
+					t.Fatalf("Extend after %d: %v", extended, err)
+				}
+				if !ok {
+					break
+				}
+				extended += 5
+			}
+			want := 10
+			if mode == failover.Open {
+				want = 10 + 50
+			}
+			if extended != want {
+				t.Errorf("extended %d tokens during the outage, want %d", extended, want)
+			}
+			if got := d.Reservation.Extended; got != float64(want) {
+				t.Errorf("Reservation.Extended = %v, want %d", got, want)
+			}
+		})
+	}
+}
