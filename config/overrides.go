@@ -400,18 +400,7 @@ func (v *validator) validateTiers(path string, p *Policy) {
 	tp := join(path, "tier")
 	switch t := p.Tier; {
 	case t != nil:
-		if (t.Header == "") == (t.Metadata == "") {
-			v.add(tp, "needs exactly one of header or metadata")
-		}
-		if t.Metadata != "" && t.Path == "" {
-			v.add(join(tp, "path"), "is required with metadata (the key inside the namespace, e.g. payload.tier)")
-		}
-		if t.Header != "" && t.Metadata == "" && t.Path != "" {
-			v.add(join(tp, "path"), "only applies with metadata")
-		}
-		if t.Header != strings.ToLower(t.Header) {
-			v.add(join(tp, "header"), "%q must be lower-case (Envoy sends header names in lower case)", t.Header)
-		}
+		v.validateSource(tp, t.Header, t.Metadata, t.Path, "payload.tier")
 		if len(p.Tiers) == 0 {
 			v.add(tp, "is set but the policy defines no tiers")
 		}

@@ -418,18 +418,7 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 		}
 		name(join(ip, "name"), id.Name)
 		idents[id.Name] = true
-		if (id.Header == "") == (id.Metadata == "") {
-			v.add(ip, "needs exactly one of header or metadata")
-		}
-		if id.Metadata != "" && id.Path == "" {
-			v.add(join(ip, "path"), "is required with metadata (the key inside the namespace, e.g. payload.sub)")
-		}
-		if id.Header != "" && id.Metadata == "" && id.Path != "" {
-			v.add(join(ip, "path"), "only applies with metadata")
-		}
-		if id.Header != strings.ToLower(id.Header) {
-			v.add(join(ip, "header"), "%q must be lower-case (Envoy sends header names in lower case)", id.Header)
-		}
+		v.validateSource(ip, id.Header, id.Metadata, id.Path, "payload.sub")
 	}
 	switch p.Anonymous {
 	case "shared", "reject":
@@ -730,3 +719,22 @@ func (b Bucket) Limit() (limit buckets.Limit, headroom float64, err error) {
 
 // Limit returns the fallback rate in the store's terms (S1, S21).
 func (r Rate) Limit() buckets.Limit { return buckets.PerMinute(r.TokensPerMinute, r.Burst) }
+
+// validateSource checks where a request value is read from, an identity's
+// or a tier's: exactly one of a header or a metadata namespace, a path
+// inside the namespace (example shows one), and a header name as Envoy
+// sends it.
+func (v *validator) validateSource(path, header, metadata, key, example string) {
+	if (header == "") == (metadata == "") {
+		v.add(path, "needs exactly one of header or metadata")
+	}
+	if metadata != "" && key == "" {
+		v.add(join(path, "path"), "is required with metadata (the key inside the namespace, e.g. %s)", example)
+	}
+	if header != "" && metadata == "" && key != "" {
+		v.add(join(path, "path"), "only applies with metadata")
+	}
+	if header != strings.ToLower(header) {
+		v.add(join(path, "header"), "%q must be lower-case (Envoy sends header names in lower case)", header)
+	}
+}
