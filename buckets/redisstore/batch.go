@@ -14,13 +14,16 @@ import (
 
 // Group commit. Every reserve and settle is an op on one group (one hash
 // slot in a cluster) and goes through the lane of that slot: an op that
-// finds the lane with a call to spare is sent at once, so a quiet gateway
-// pays no latency for batching; ops that arrive while the lane's calls are
-// in flight queue up, and the next call takes them all, in arrival order,
-// in one script call (see batchLua). A lane has at most maxInflight calls
-// in flight. The caller whose op ends a batch makes the call: there is no
-// background goroutine, but for the timer that sends settlements queued by
-// SettleAsync when no call has taken them within the settle window.
+// finds the lane idle is sent at once, so a quiet gateway pays no latency
+// for batching; ops that arrive while the lane's call is in flight queue
+// up, and the next call takes them all, in arrival order, in one script
+// call (see batchLua). One call at a time makes the batches as large as
+// the load allows, and Redis pays per call; a second call starts only
+// when a whole batch is waiting, so a lane's throughput is not bound by
+// one round trip's batch. The caller whose op ends a batch makes the call:
+// there is no background goroutine, but for the timer that sends
+// settlements queued by SettleAsync when no call has taken them within
+// the settle window.
 const (
 	maxInflight = 2
 	// maxBatchOps and maxBatchNumbers bound a batch: Lua unpacks the
@@ -88,6 +91,13 @@ type lane struct {
 	timer    *time.Timer // set while queued settlements wait for a call
 }
 
+// canCall reports whether the lane may start a call for its queue and
+// extra more ops: when it is idle, or when a whole batch is waiting and a
+// second call is to spare. l.mu is held.
+func (l *lane) canCall(extra int) bool {
+	return l.inflight == 0 || l.inflight < maxInflight && len(l.queue)+extra >= maxBatchOps
+}
+
 // laneOf returns the lane of group tag: in standalone mode the store's
 // only lane, in a cluster one per hash slot.
 func (s *Store) laneOf(tag string) *lane {
@@ -107,8 +117,8 @@ func (s *Store) laneOf(tag string) *lane {
 func (s *Store) do(ctx context.Context, o *op) {
 	l := s.laneOf(o.g.tag)
 	l.mu.Lock()
-	if l.inflight < maxInflight {
-		// Only queued settlements can be waiting: they come along.
+	if l.canCall(1) {
+		// Queued ops come along, the oldest first.
 		l.inflight++
 		batch := l.take(o)
 		l.mu.Unlock()
@@ -140,7 +150,7 @@ func (s *Store) later(o *op) {
 func (s *Store) flushLane(l *lane) {
 	l.mu.Lock()
 	l.timer = nil
-	if len(l.queue) == 0 || l.inflight >= maxInflight {
+	if len(l.queue) == 0 || !l.canCall(0) {
 		l.mu.Unlock()
 		return
 	}
@@ -242,6 +252,20 @@ func (k *batchKeys) of(key string) float64 {
 
 // runBatch sends batch in one script call and writes each op's results.
 func (s *Store) runBatch(ctx context.Context, batch []*op) {
+	keys, args := s.batchArgs(batch)
+	out, err := s.run(ctx, batchScript, keys, args)
+	if err == nil {
+		err = s.readBatch(out, batch)
+	}
+	if err != nil {
+		for _, o := range batch {
+			o.err = err
+		}
+	}
+}
+
+// batchArgs returns the KEYS and ARGV of batchLua for batch.
+func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 	k := batchKeys{index: make(map[string]int, 4*len(batch))}
 	count := headerNumbers
 	var nq int
@@ -322,15 +346,7 @@ func (s *Store) runBatch(ctx context.Context, batch []*op) {
 		args = append(args, o.id)
 	}
 	args[0], args[1], args[2] = s.nowArg(), structFormat(count), string(packed)
-	out, err := s.run(ctx, batchScript, k.keys, args)
-	if err == nil {
-		err = s.readBatch(out, batch)
-	}
-	if err != nil {
-		for _, o := range batch {
-			o.err = err
-		}
-	}
+	return k.keys, args
 }
 
 // readBatch writes each op's results from the script's reply, one packed

@@ -3,6 +3,10 @@ package redisstore
 import (
 	"context"
 	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,4 +231,94 @@ func TestRecordsOverflowAndVanish(t *testing.T) {
 	if n := c.Exists(ctx, st.recordKey("k")).Val(); n != 0 {
 		t.Errorf("record key still exists after all settled")
 	}
+}
+
+// inflight counts the batch script calls in flight and the most at once.
+type inflight struct {
+	now, most atomic.Int32
+}
+
+func (h *inflight) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *inflight) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "evalsha" {
+			return next(ctx, cmd)
+		}
+		n := h.now.Add(1)
+		for m := h.most.Load(); n > m && !h.most.CompareAndSwap(m, n); m = h.most.Load() {
+		}
+		defer h.now.Add(-1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *inflight) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestLaneCallsOneAtATime: while fewer ops wait than a batch holds, a lane
+// has one call in flight, so the waiting ops go together in the next (Redis
+// pays per call); only a whole waiting batch starts a second.
+func TestLaneCallsOneAtATime(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
+	defer c.Close()
+	h := new(inflight)
+	c.AddHook(h)
+	st := New(c, Options{})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "b", Key: "k", Limit: buckets.Limit{Capacity: 1e12, Rate: 1e9}}
+	var wg sync.WaitGroup
+	const callers, each = 16, 200 // at most 32 ops wait: less than a batch
+	for range callers {
+		wg.Go(func() {
+			for range each {
+				d, err := st.Reserve(ctx, buckets.Request{Cost: 1, Buckets: []buckets.Bucket{b}})
+				if err != nil || !d.OK {
+					t.Errorf("Reserve = %+v, %v", d, err)
+					return
+				}
+				st.SettleAsync(d.Reservation, 1, nil)
+			}
+		})
+	}
+	wg.Wait()
+	if err := st.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := h.most.Load(); m != 1 {
+		t.Errorf("%d batch calls were in flight at once, want 1 while less than a batch waits", m)
+	}
+	calls, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := evalshaCallsIn(t, calls); n > callers*each/2 {
+		t.Errorf("%d script calls for %d requests of %d callers: the waiting ops did not go together", n, callers*each, callers)
+	}
+
+	l := &lane{inflight: 1, queue: make([]*op, maxBatchOps-1)}
+	if !l.canCall(1) {
+		t.Error("a whole batch waits (with the caller's op) and no second call may start")
+	}
+	if l.canCall(0) {
+		t.Error("less than a batch waits and a second call may start")
+	}
+	l.inflight = maxInflight
+	if l.canCall(1) {
+		t.Errorf("a call may start with %d in flight", maxInflight)
+	}
+}
+
+// evalshaCallsIn reads the EVALSHA calls from INFO commandstats.
+func evalshaCallsIn(t *testing.T, info string) int {
+	t.Helper()
+	_, rest, ok := strings.Cut(info, "cmdstat_evalsha:calls=")
+	v, _, ok2 := strings.Cut(rest, ",")
+	n, err := strconv.Atoi(v)
+	if !ok || !ok2 || err != nil {
+		t.Fatalf("INFO commandstats has no evalsha calls: %q", info)
+	}
+	return n
 }

@@ -149,3 +149,122 @@ func batchScriptTime(b *testing.B, srv *redistest.Server, chain int) {
 	b.ReportMetric(base/rounds, "floor-µs/call")
 	b.ReportMetric(script/base, "script-vs-floor")
 }
+
+// BenchmarkBatchScriptWide measures what Redis spends inside the batch
+// script per request when a batch carries several requests, as under load:
+// per batch, the settlements of the previous batch's reservations and one
+// reservation for each of 8 callers (each its own user bucket; a chain of
+// 3 adds a shared team and provider bucket), next to floorLua with the
+// same keys and arguments. It reports the script time per request (INFO
+// commandstats) of both and their ratio.
+func BenchmarkBatchScriptWide(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, chain := range []int{1, 3} {
+		b.Run("chain="+strconv.Itoa(chain), func(b *testing.B) { batchScriptWide(b, srv, chain, 8) })
+	}
+}
+
+func batchScriptWide(b *testing.B, srv *redistest.Server, chain, callers int) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 1})
+	defer c.Close()
+	if err := c.FlushDB(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	st := New(c, Options{Prefix: fmt.Sprintf("wide%d:", chain)})
+	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+	team := buckets.Bucket{Name: "team", Key: "team", Limit: lim}
+	prov := buckets.Bucket{Name: "provider", Key: "provider", Limit: lim}
+	reqs := make([]buckets.Request, callers)
+	for i := range reqs {
+		user := buckets.Bucket{Name: "user", Key: "user" + strconv.Itoa(i), Limit: lim}
+		reqs[i] = buckets.Request{Cost: 100, Buckets: []buckets.Bucket{user, team, prov}[:chain]}
+	}
+	open := make([]string, callers) // each caller's open reservation
+	// batch returns the next batch: every open reservation settled, then
+	// a new one per caller.
+	batch := func() []*op {
+		var ops []*op
+		for i, id := range open {
+			if id == "" {
+				continue
+			}
+			r := reqs[i]
+			g := st.groups(r.Buckets, nil, nil)[0]
+			ops = append(ops, &op{g: g, id: id, record: st.recordKey(g.tag), bs: r.Buckets,
+				delta: func(buckets.Bucket) float64 { return 20 }, obs: make([]buckets.Observation, len(r.Buckets))})
+		}
+		for i, r := range reqs {
+			g := st.groups(r.Buckets, nil, nil)[0]
+			open[i] = idPart(newID())
+			ops = append(ops, &op{reserve: true, g: g, id: open[i], record: st.recordKey(g.tag), bs: r.Buckets,
+				cost: r.Cost, life: r.LifetimeOrDefault(), obs: make([]buckets.Observation, len(r.Buckets))})
+		}
+		return ops
+	}
+	kept := make([]string, callers)
+	run := func(sc script, n int) float64 {
+		copy(kept, open)
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		for range n {
+			ops := batch()
+			if sc.sha == batchScript.sha {
+				st.runBatch(ctx, ops)
+				for _, o := range ops {
+					if o.err != nil {
+						b.Fatal(o.err)
+					}
+					if !o.reserve && o.done {
+						b.Fatal("a settlement found no record")
+					}
+				}
+				continue
+			}
+			// The floor: the same keys and arguments, built as runBatch
+			// does; the reservations it makes are not recorded, so the
+			// batch script's next batch settles those of its own last.
+			copy(open, kept)
+			keys, args := st.batchArgs(ops)
+			if _, err := st.run(ctx, sc, keys, args); err != nil {
+				b.Fatal(err)
+			}
+		}
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, rest, ok := strings.Cut(info, "cmdstat_evalsha:")
+		_, rest, ok2 := strings.Cut(rest, "usec_per_call=")
+		v, _, ok3 := strings.Cut(rest, ",")
+		if !ok || !ok2 || !ok3 {
+			b.Fatalf("INFO commandstats has no evalsha usec_per_call: %q", info)
+		}
+		us, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return us / float64(callers)
+	}
+	floor := newScript(floorLua)
+	run(batchScript, 10)
+	run(floor, 10)
+	const rounds = 10
+	var script, base float64
+	b.ResetTimer()
+	for r := range rounds {
+		n := max(b.N/rounds, 100)
+		if r%2 == 0 {
+			script += run(batchScript, n)
+			base += run(floor, n)
+		} else {
+			base += run(floor, n)
+			script += run(batchScript, n)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(script/rounds, "script-µs/req")
+	b.ReportMetric(base/rounds, "floor-µs/req")
+	b.ReportMetric(script/base, "script-vs-floor")
+}
