@@ -108,21 +108,7 @@ func batchScriptTime(b *testing.B, srv *redistest.Server, chain int) {
 				b.Fatal(err)
 			}
 		}
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, rest, ok := strings.Cut(info, "cmdstat_evalsha:")
-		_, rest, ok2 := strings.Cut(rest, "usec_per_call=")
-		v, _, ok3 := strings.Cut(rest, ",")
-		if !ok || !ok2 || !ok3 {
-			b.Fatalf("INFO commandstats has no evalsha usec_per_call: %q", info)
-		}
-		us, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return us
+		return scriptTime(b, c)
 	}
 	// The batch script's records are in place; a check that the replay
 	// settles and reserves as the store does: one record in the holder.
@@ -231,21 +217,7 @@ func batchScriptWide(b *testing.B, srv *redistest.Server, chain, callers int) {
 				b.Fatal(err)
 			}
 		}
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, rest, ok := strings.Cut(info, "cmdstat_evalsha:")
-		_, rest, ok2 := strings.Cut(rest, "usec_per_call=")
-		v, _, ok3 := strings.Cut(rest, ",")
-		if !ok || !ok2 || !ok3 {
-			b.Fatalf("INFO commandstats has no evalsha usec_per_call: %q", info)
-		}
-		us, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return us / float64(callers)
+		return scriptTime(b, c) / float64(callers)
 	}
 	floor := newScript(floorLua)
 	run(batchScript, 10)
@@ -267,4 +239,24 @@ func batchScriptWide(b *testing.B, srv *redistest.Server, chain, callers int) {
 	b.ReportMetric(script/rounds, "script-µs/req")
 	b.ReportMetric(base/rounds, "floor-µs/req")
 	b.ReportMetric(script/base, "script-vs-floor")
+}
+
+// scriptTime reads the time Redis spent per EVALSHA call (µs) from INFO
+// commandstats since its statistics were last reset.
+func scriptTime(b *testing.B, c redis.UniversalClient) float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(info, "cmdstat_evalsha:")
+	_, rest, ok2 := strings.Cut(rest, "usec_per_call=")
+	v, _, ok3 := strings.Cut(rest, ",")
+	if !ok || !ok2 || !ok3 {
+		b.Fatalf("INFO commandstats has no evalsha usec_per_call: %q", info)
+	}
+	us, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return us
 }
