@@ -92,7 +92,6 @@ func batchScriptTime(b *testing.B, srv *redistest.Server, chain int) {
 	keys, args := c.keys, c.args
 	swapped := append([]any(nil), args...)
 	swapped[3], swapped[4] = args[4], args[3]
-	floor := newScript(floorLua)
 	// run replays the captured call n times and returns the script time
 	// per call in µs.
 	run := func(sc script, n int) float64 {
@@ -116,24 +115,9 @@ func batchScriptTime(b *testing.B, srv *redistest.Server, chain int) {
 	if v := c.Get(ctx, st.bucketKey("user")).Val(); len(v) != 24+9+len(args[4].(string)) {
 		b.Fatalf("holder value of %d bytes after the replay, want one record", len(v))
 	}
-	run(floor, 10)
-	const rounds = 10
-	var script, base float64
-	b.ResetTimer()
-	for r := range rounds {
-		n := max(b.N/rounds, 100) &^ 1 // even: each run ends where it began
-		if r%2 == 0 {
-			script += run(batchScript, n)
-			base += run(floor, n)
-		} else {
-			base += run(floor, n)
-			script += run(batchScript, n)
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(script/rounds, "script-µs/call")
-	b.ReportMetric(base/rounds, "floor-µs/call")
-	b.ReportMetric(script/base, "script-vs-floor")
+	run(newScript(floorLua), 10)
+	// Even runs: each ends where it began.
+	againstFloor(b, func(sc script) float64 { return run(sc, max(b.N/10, 100)&^1) }, "call")
 }
 
 // BenchmarkBatchScriptWide measures what Redis spends inside the batch
@@ -219,26 +203,9 @@ func batchScriptWide(b *testing.B, srv *redistest.Server, chain, callers int) {
 		}
 		return scriptTime(b, c) / float64(callers)
 	}
-	floor := newScript(floorLua)
 	run(batchScript, 10)
-	run(floor, 10)
-	const rounds = 10
-	var script, base float64
-	b.ResetTimer()
-	for r := range rounds {
-		n := max(b.N/rounds, 100)
-		if r%2 == 0 {
-			script += run(batchScript, n)
-			base += run(floor, n)
-		} else {
-			base += run(floor, n)
-			script += run(batchScript, n)
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(script/rounds, "script-µs/req")
-	b.ReportMetric(base/rounds, "floor-µs/req")
-	b.ReportMetric(script/base, "script-vs-floor")
+	run(newScript(floorLua), 10)
+	againstFloor(b, func(sc script) float64 { return run(sc, max(b.N/10, 100)) }, "req")
 }
 
 // scriptTime reads the time Redis spent per EVALSHA call (µs) from INFO
@@ -259,4 +226,27 @@ func scriptTime(b *testing.B, c redis.UniversalClient) float64 {
 		b.Fatal(err)
 	}
 	return us
+}
+
+// againstFloor runs the batch script and floorLua in ten alternating
+// rounds, each run returning the script time per unit (a call or a
+// request), and reports both and their ratio.
+func againstFloor(b *testing.B, run func(script) float64, unit string) {
+	floor := newScript(floorLua)
+	const rounds = 10
+	var script, base float64
+	b.ResetTimer()
+	for r := range rounds {
+		if r%2 == 0 {
+			script += run(batchScript)
+			base += run(floor)
+		} else {
+			base += run(floor)
+			script += run(batchScript)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(script/rounds, "script-µs/"+unit)
+	b.ReportMetric(base/rounds, "floor-µs/"+unit)
+	b.ReportMetric(script/base, "script-vs-floor")
 }
