@@ -36,6 +36,21 @@
 // below Options.FallbackFloor. The fleet then admits about Fallback during
 // an outage — more only by a gateway that joined within the last heartbeat,
 // or when the floor is above the share.
+//
+// # Quotas during an outage
+//
+// A quota's window spend lives in the shared store. Failing open from
+// zero, every gateway could spend the whole budget again: a team at $990
+// of $1,000 could spend another $1,000 on each gateway. Instead the store
+// remembers, per quota window, the spend the primary last reported to this
+// gateway, and failing open a gateway may spend only its share of what was
+// left then: (limit − last spend) divided by the gateways it last saw
+// alive (with Options.Fleet; all of it without). It charges the local
+// store the rest of the budget as spent, once per outage and window, so
+// the local store refuses as the shared one would: over quota, with
+// Retry-After to the window's end. A window this gateway has not been told
+// about since it started counts as unspent. What is spent during the
+// outage is not added to the shared window afterwards.
 package failover
 
 import (
@@ -127,6 +142,9 @@ type Store struct {
 	replaying bool
 
 	gateways atomic.Int64 // alive at the last heartbeat, see Fleet
+
+	quotas  quotaMemo    // see quota.go
+	outages atomic.Int64 // outages begun, the first is 1
 }
 
 // pendingSettle is a settlement to replay once the primary answers again.
@@ -185,6 +203,7 @@ func (s *Store) failed(ctx context.Context, err error) bool {
 	}
 	s.downTill.Store(s.opts.Now().Add(s.opts.Backoff).UnixNano())
 	if !s.down.Swap(true) {
+		s.outages.Add(1)
 		mode := "closed: admissions answer 503"
 		if s.opts.Mode == Open {
 			mode = "open: admitting against the local fallback limit"
@@ -324,6 +343,7 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 		if !s.failed(ctx, err) {
 			if err == nil {
 				s.succeeded()
+				s.noteSpend(req, d)
 			}
 			return d, err
 		}
@@ -334,6 +354,9 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	s.fallback("reserve")
 	if s.local == nil {
 		return buckets.Decision{}, fmt.Errorf("failover: reserve: failing closed: %w", buckets.ErrStore)
+	}
+	if err := s.chargeRest(ctx, req.Quotas); err != nil {
+		return buckets.Decision{}, err
 	}
 	d, err := s.local.Reserve(ctx, s.localRequest(req))
 	if err == nil && d.Reservation != nil {
@@ -367,6 +390,9 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	s.fallback("extend")
 	if s.local == nil {
 		return false, fmt.Errorf("failover: extend: failing closed, hard budget cannot be checked: %w", buckets.ErrStore)
+	}
+	if err := s.chargeRest(ctx, r.Quotas); err != nil {
+		return false, err
 	}
 	lr := *r
 	lr.Buckets = make([]buckets.Bucket, len(r.Buckets))

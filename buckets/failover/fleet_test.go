@@ -98,3 +98,81 @@ func TestFleetFallbackIsShared(t *testing.T) {
 		})
 	}
 }
+
+// TestFleetQuotaIsShared: a quota's window spend lives in Redis; when Redis
+// dies, three gateways failing open may spend together only what the
+// window had left — each its share of what Redis last reported left, not
+// the whole budget each from zero — and refuse the rest over quota (429
+// with Retry-After to the window's end), as the shared quota would.
+// Without a fleet count one gateway alone spends what was left.
+func TestFleetQuotaIsShared(t *testing.T) {
+	const limit, spentBefore, cost = 10_000.0, 4_000.0, 100.0
+	for _, gateways := range []int{3, 1} {
+		t.Run(fmt.Sprint(gateways, " gateways"), func(t *testing.T) {
+			srv := redistest.Start(t)
+			clock := bucketstest.NewClock()
+			var stores []*failover.Store
+			for i := range gateways {
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+				t.Cleanup(func() { c.Close() })
+				rs := redisstore.New(c, redisstore.Options{Now: clock.Now})
+				opts := failover.Options{Mode: failover.Open, Fallback: buckets.Limit{Capacity: 1e9, Rate: 1e9},
+					Now: clock.Now, GatewayID: fmt.Sprint("gw", i)}
+				if gateways > 1 {
+					opts.Fleet = rs
+				}
+				stores = append(stores, failover.New(rs, opts))
+			}
+			ctx := context.Background()
+			for range 2 {
+				for _, s := range stores {
+					if err := s.Beat(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			month, err := buckets.ParseWindow("month", "UTC")
+			if err != nil {
+				t.Fatal(err)
+			}
+			quota := buckets.Quota{Name: "team-monthly", Key: "team", Window: month, Unit: buckets.Tokens, Limit: limit}
+			prov := buckets.Bucket{Name: "provider", Key: "p", Limit: buckets.Limit{Capacity: 1e9, Rate: 1e9}}
+			ask := func(s *failover.Store, cost float64) buckets.Decision {
+				d, err := s.Reserve(ctx, buckets.Request{Cost: cost, Buckets: []buckets.Bucket{prov}, Quotas: []buckets.Quota{quota}})
+				if err != nil {
+					t.Fatalf("Reserve: %v", err)
+				}
+				return d
+			}
+			if d := ask(stores[0], spentBefore); !d.OK {
+				t.Fatalf("Reserve of %v before the outage refused: %+v", spentBefore, d)
+			}
+			for _, s := range stores { // each learns the window's spend
+				if d := ask(s, 0); !d.OK || d.Quotas[0].Spent != spentBefore {
+					t.Fatalf("Reserve before the outage = %+v, want the spend %v", d, spentBefore)
+				}
+			}
+			srv.Kill()
+			admitted := 0.0
+			var refused buckets.Decision
+			for range int(limit / cost) {
+				for _, s := range stores {
+					if d := ask(s, cost); d.OK {
+						admitted += cost
+					} else {
+						refused = d
+					}
+				}
+			}
+			left := limit - spentBefore
+			t.Logf("%d gateways spent %v during the outage; the window had %v left", gateways, admitted, left)
+			slack := float64(gateways) * cost
+			if admitted > left+slack || admitted < left-slack {
+				t.Errorf("spent %v during the outage, want the %v the window had left ± one request per gateway", admitted, left)
+			}
+			if refused.OK || refused.Reason != buckets.OverQuota || refused.Wait <= 0 {
+				t.Errorf("a refusal during the outage = %v (wait %v), want over quota until the window ends", refused.Reason, refused.Wait)
+			}
+		})
+	}
+}

@@ -1,0 +1,98 @@
+package failover
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+// maxQuotaMemo bounds the quota windows a Store remembers; past it, the
+// memory starts again (windows it forgot count as unspent).
+const maxQuotaMemo = 100_000
+
+// quotaMemo holds what the store knows of the shared quota windows.
+type quotaMemo struct {
+	mu sync.Mutex
+	// spent is, per quota key and window ID, the spend the primary last
+	// reported.
+	spent map[quotaWindow]float64
+	// charged is, per quota key and window ID, the outage (see
+	// Store.outages) in which the local store was charged the rest.
+	charged map[quotaWindow]int64
+}
+
+type quotaWindow struct{ key, window string }
+
+// noteSpend remembers the spend of each quota window of a decision of the
+// primary.
+func (s *Store) noteSpend(req buckets.Request, d buckets.Decision) {
+	if s.local == nil || len(req.Quotas) == 0 || len(d.Quotas) != len(req.Quotas) {
+		return
+	}
+	m := &s.quotas
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.spent == nil {
+		m.spent = make(map[quotaWindow]float64, len(req.Quotas))
+	}
+	for j, q := range req.Quotas {
+		k := quotaWindow{q.Key, d.Quotas[j].Window}
+		if _, ok := m.spent[k]; !ok && len(m.spent) >= maxQuotaMemo {
+			clear(m.spent)
+		}
+		m.spent[k] = d.Quotas[j].Spent
+	}
+}
+
+// chargeRest charges the local store, for each quota of qs not yet charged
+// in this outage, what this gateway may not spend of its window: all but
+// its share of what the primary last reported left (see above).
+func (s *Store) chargeRest(ctx context.Context, qs []buckets.Quota) error {
+	if len(qs) == 0 {
+		return nil
+	}
+	now, outage := s.opts.Now(), s.outages.Load()
+	n := 1.0
+	if g := s.gateways.Load(); s.opts.Fleet != nil && g > 1 {
+		n = float64(g)
+	}
+	m := &s.quotas
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.charged == nil {
+		m.charged = make(map[quotaWindow]int64, len(qs))
+	}
+	for _, q := range qs {
+		k := quotaWindow{q.Key, q.Window.ID(now)}
+		if m.charged[k] == outage {
+			continue
+		}
+		share := max(0, q.Limit-m.spent[k]) / n
+		_, st, err := s.local.Inspect(ctx, nil, []buckets.Quota{q})
+		if err != nil {
+			return fmt.Errorf("failover: quota %q: %w", q.Name, err)
+		}
+		if rest := q.Limit - share - st[0].Spent; rest > 0 {
+			req := buckets.Request{Quotas: []buckets.Quota{q}}
+			if q.Unit == buckets.Money {
+				req.Money = rest
+			} else {
+				req.Cost = rest
+			}
+			d, err := s.local.Reserve(ctx, req)
+			if err != nil {
+				return fmt.Errorf("failover: quota %q: %w", q.Name, err)
+			}
+			if !d.OK {
+				return fmt.Errorf("failover: quota %q: the local store refused the spend of the shared window (%v)", q.Name, d.Reason)
+			}
+		}
+		if _, ok := m.charged[k]; !ok && len(m.charged) >= maxQuotaMemo {
+			clear(m.charged)
+		}
+		m.charged[k] = outage
+	}
+	return nil
+}
