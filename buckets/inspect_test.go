@@ -19,3 +19,5 @@ func TestMemoryOverrides(t *testing.T) {
 		return stores
 	})
 }
+
+func TestMemoryAddSpend(t *testing.T) { bucketstest.RunAddSpend(t, openMemory) }

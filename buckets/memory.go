@@ -640,3 +640,23 @@ func (m *Memory) Inspect(ctx context.Context, bs []Bucket, qs []Quota) ([]Bucket
 	}
 	return states, quotas, nil
 }
+
+var _ SpendAdder = (*Memory)(nil)
+
+// AddSpend implements SpendAdder.
+func (m *Memory) AddSpend(ctx context.Context, ss []Spend) error {
+	if err := ValidateSpend(ss); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("add spend: %w", err)
+	}
+	for _, s := range ss {
+		var ls lockSet
+		ls.add(m.shardOf(s.Quota.Key))
+		m.lock(&ls)
+		m.shards[m.shardOf(s.Quota.Key)].charge(s.Quota, s.Window, s.Amount, m.expiry(s.Window), m.nowNS())
+		m.unlock(&ls)
+	}
+	return nil
+}

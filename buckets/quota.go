@@ -250,3 +250,41 @@ func (r *Reservation) ValidateQuotas() error {
 	}
 	return amount("spent", r.Spent)
 }
+
+// Spend is an amount spent in one quota window outside the store: what a
+// gateway admitted while the store was down (package failover).
+type Spend struct {
+	Quota  Quota
+	Window Span
+	Amount float64 // in the quota's unit; positive
+}
+
+// SpendAdder is implemented by stores that can add spend to quota windows
+// without a reservation, so that what was spent during an outage counts
+// against the shared windows afterwards. AddSpend adds each Spend to its
+// window, whatever the window's limit (the money is spent); a window that
+// has ended and passed QuotaSlack is left alone. Spends are independent:
+// on an error, some may have been added.
+type SpendAdder interface {
+	AddSpend(ctx context.Context, ss []Spend) error
+}
+
+func (s Spend) validate() error {
+	if err := s.Quota.Validate(); err != nil {
+		return err
+	}
+	if s.Window.ID == "" {
+		return fmt.Errorf("%w: spend of quota %q without a window", ErrInvalidRequest, s.Quota.Name)
+	}
+	return amount("spend", s.Amount)
+}
+
+// ValidateSpend checks the spends of an AddSpend call.
+func ValidateSpend(ss []Spend) error {
+	for _, s := range ss {
+		if err := s.validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

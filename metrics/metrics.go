@@ -385,6 +385,21 @@ func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
 	return n, err
 }
 
+var _ buckets.SpendAdder = (*Store)(nil)
+
+// AddSpend implements buckets.SpendAdder (op "add_spend"); a wrapped store
+// that cannot add spend answers an error wrapping errors.ErrUnsupported.
+func (s *Store) AddSpend(ctx context.Context, ss []buckets.Spend) error {
+	a, ok := s.Store.(buckets.SpendAdder)
+	if !ok {
+		return fmt.Errorf("metrics: add spend: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	err := a.AddSpend(ctx, ss)
+	s.observe("add_spend", start, err)
+	return err
+}
+
 // Lender is a lease lender wrapped with the store's latency and error
 // metrics under op "lease" (S20): how often leased buckets reach Redis.
 type Lender struct {

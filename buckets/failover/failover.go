@@ -49,8 +49,10 @@
 // store the rest of the budget as spent, once per outage and window, so
 // the local store refuses as the shared one would: over quota, with
 // Retry-After to the window's end. A window this gateway has not been told
-// about since it started counts as unspent. What is spent during the
-// outage is not added to the shared window afterwards.
+// about since it started counts as unspent. What the local store spent is
+// added to the shared windows once the primary answers again (queued with
+// the settlements, within MaxPending); a replay whose answer is lost is
+// tried again, so a lost answer can count a spend twice, never zero times.
 package failover
 
 import (
@@ -153,6 +155,10 @@ type Store struct {
 type pendingSettle struct {
 	r      buckets.Reservation
 	actual float64
+	// spends, when not nil, replaces the settlement: quota spend of a
+	// reservation the local store took during an outage, for the shared
+	// windows (see quota.go).
+	spends []buckets.Spend
 }
 
 var _ buckets.Store = (*Store)(nil)
@@ -222,13 +228,22 @@ func (s *Store) succeeded() {
 
 // keep queues a settlement the primary could not take.
 func (s *Store) keep(r *buckets.Reservation, actual float64) {
+	s.queue(pendingSettle{r: *r, actual: actual})
+}
+
+// queue adds p to the replay queue, dropping the oldest beyond MaxPending.
+func (s *Store) queue(p pendingSettle) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.pending) >= s.opts.MaxPending {
+		if s.pending[0].spends != nil {
+			s.fallback("spend_dropped")
+		} else {
+			s.fallback("settle_dropped")
+		}
 		s.pending = s.pending[1:]
-		s.fallback("settle_dropped")
 	}
-	s.pending = append(s.pending, pendingSettle{r: *r, actual: actual})
+	s.pending = append(s.pending, p)
 }
 
 // Pending is the number of settlements waiting for the primary.
@@ -269,9 +284,17 @@ func (s *Store) startReplay() {
 			s.pending = s.pending[1:]
 			s.mu.Unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := s.primary.Settle(ctx, &p.r, p.actual)
+			var err error
+			if p.spends != nil {
+				err = s.primary.(buckets.SpendAdder).AddSpend(ctx, p.spends)
+			} else {
+				_, err = s.primary.Settle(ctx, &p.r, p.actual)
+			}
 			failed := s.failed(ctx, err)
 			cancel()
+			if err != nil && !failed {
+				s.opts.Logger.Warn("a settlement missed during the outage could not be replayed", "err", err)
+			}
 			if failed {
 				s.mu.Lock()
 				s.pending = append([]pendingSettle{p}, s.pending...)
@@ -422,7 +445,11 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 // settled on the primary, which never took it.
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
 	if _, ok := s.fallbackIDs.LoadAndDelete(r.ID); ok {
-		return s.local.Settle(ctx, r, actual)
+		st, err := s.local.Settle(ctx, r, actual)
+		if err == nil {
+			s.keepSpend(r, actual)
+		}
+		return st, err
 	}
 	if v, ok := s.localExtended.LoadAndDelete(r.ID); ok {
 		pr := *r

@@ -155,10 +155,12 @@ func TestFleetQuotaIsShared(t *testing.T) {
 			srv.Kill()
 			admitted := 0.0
 			var refused buckets.Decision
+			taken := make([][]*buckets.Reservation, gateways)
 			for range int(limit / cost) {
-				for _, s := range stores {
+				for i, s := range stores {
 					if d := ask(s, cost); d.OK {
 						admitted += cost
+						taken[i] = append(taken[i], d.Reservation)
 					} else {
 						refused = d
 					}
@@ -172,6 +174,30 @@ func TestFleetQuotaIsShared(t *testing.T) {
 			}
 			if refused.OK || refused.Reason != buckets.OverQuota || refused.Wait <= 0 {
 				t.Errorf("a refusal during the outage = %v (wait %v), want over quota until the window ends", refused.Reason, refused.Wait)
+			}
+
+			// The outage spend reaches the shared window once Redis is back
+			// (it comes back empty: no persistence).
+			for i, s := range stores {
+				for _, r := range taken[i] {
+					if _, err := s.Settle(ctx, r, cost); err != nil {
+						t.Fatalf("Settle of a reservation taken during the outage: %v", err)
+					}
+				}
+			}
+			srv.Restart()
+			clock.Advance(2 * time.Second) // past the back-off
+			deadline := time.Now().Add(10 * time.Second)
+			for _, s := range stores {
+				for ask(s, 0); s.Pending() > 0; {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d settlements still wait for replay", s.Pending())
+					}
+					time.Sleep(10 * time.Millisecond) // polling with a deadline
+				}
+			}
+			if d := ask(stores[0], 0); d.Quotas[0].Spent != admitted {
+				t.Errorf("the shared window spent %v after the outage, want the %v spent during it", d.Quotas[0].Spent, admitted)
 			}
 		})
 	}

@@ -96,3 +96,25 @@ func (s *Store) chargeRest(ctx context.Context, qs []buckets.Quota) error {
 	}
 	return nil
 }
+
+// keepSpend queues for the shared windows the quota spend of a reservation
+// the local store took and has settled with actual, and replays it at once
+// when the primary answers again by then.
+func (s *Store) keepSpend(r *buckets.Reservation, actual float64) {
+	if _, ok := s.primary.(buckets.SpendAdder); !ok || len(r.Quotas) == 0 {
+		return
+	}
+	var ss []buckets.Spend
+	for j, q := range r.Quotas {
+		if a := r.UsedQuota(q, actual); a > 0 && j < len(r.Windows) {
+			ss = append(ss, buckets.Spend{Quota: q, Window: r.Windows[j], Amount: a})
+		}
+	}
+	if len(ss) == 0 {
+		return
+	}
+	s.queue(pendingSettle{spends: ss})
+	if !s.down.Load() {
+		s.startReplay()
+	}
+}

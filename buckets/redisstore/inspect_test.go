@@ -38,3 +38,8 @@ func TestOverrides(t *testing.T) {
 		bucketstest.RunOverrides(t, openOverrides(func() redisstore.Scripter { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs}) }, true))
 	})
 }
+
+func TestAddSpend(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) { bucketstest.RunAddSpend(t, standalone(t)) })
+	t.Run("cluster", func(t *testing.T) { bucketstest.RunAddSpend(t, cluster(t)) })
+}
