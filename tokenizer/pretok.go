@@ -132,9 +132,10 @@ func classMulti(s string, i int) (uint8, int) {
 	return classOf(r), n
 }
 
-// runEnd returns the end of the run of runes from i whose class has any bit
-// of want, and whether it reached the end of s.
-func runEnd(s string, i int, want uint8) (int, bool) {
+// runEnd returns the end of the run of runes from i whose class c has
+// c&mask == want (a class bit: mask == want; none of some bits: want 0),
+// and whether it reached the end of s.
+func runEnd(s string, i int, mask, want uint8) (int, bool) {
 	for i < len(s) {
 		// class, inline for the common lengths
 		b := s[i]
@@ -159,7 +160,7 @@ func runEnd(s string, i int, want uint8) (int, bool) {
 		default:
 			c, n = classMulti(s, i)
 		}
-		if c&want == 0 {
+		if c&mask != want {
 			return i, false
 		}
 		i += n
@@ -248,17 +249,11 @@ func splitPunct(s string, i int, slash bool) (end int, eof, ok bool) {
 			j = i + 1
 		}
 	}
-	if c, _ := class(s, j); c&(clsS|clsL|clsN) != 0 {
+	c, n := class(s, j)
+	if c&(clsS|clsL|clsN) != 0 {
 		return 0, false, false
 	}
-	k := j
-	for k < len(s) {
-		c, n := class(s, k)
-		if c&(clsS|clsL|clsN) != 0 {
-			break
-		}
-		k += n
-	}
+	k, _ := runEnd(s, j+n, clsS|clsL|clsN, 0)
 	for k < len(s) && (s[k] == '\r' || s[k] == '\n' || (slash && s[k] == '/')) {
 		k++
 	}
@@ -295,12 +290,12 @@ func splitCl100k(s string, i int) (int, bool) {
 		c0, n0 = classMulti(s, i)
 	}
 	if c0&clsL != 0 {
-		e, eof2 := runEnd(s, i+n0, clsL)
+		e, eof2 := runEnd(s, i+n0, clsL, clsL)
 		return e, eof || eof2
 	}
 	if c0&(clsL|clsN|clsNL) == 0 {
 		// [^\r\n\p{L}\p{N}]?\p{L}+ with the optional character
-		e, eof2 := runEnd(s, i+n0, clsL)
+		e, eof2 := runEnd(s, i+n0, clsL, clsL)
 		if e > i+n0 {
 			return e, eof || eof2
 		}
@@ -365,7 +360,7 @@ func o200kLowerTail(s string, j int) (end int, eof, ok bool) {
 	switch {
 	case k < len(s) && c&clsLower != 0:
 		// s[k] is W but not U: W+ runs from there.
-		e, eof = runEnd(s, k+n, clsLower)
+		e, eof = runEnd(s, k+n, clsLower, clsLower)
 	case lastW >= 0:
 		// W+ is the last W of the U run: the U that follow it, and s[k],
 		// are not W.
@@ -386,8 +381,8 @@ func o200kUpperHead(s string, j int) (end int, eof, ok bool) {
 	if c, _ := class(s, j); c&clsUpper == 0 {
 		return 0, false, false
 	}
-	k, eof := runEnd(s, j, clsUpper)
-	e, eof2 := runEnd(s, k, clsLower)
+	k, eof := runEnd(s, j, clsUpper, clsUpper)
+	e, eof2 := runEnd(s, k, clsLower, clsLower)
 	c, eof3 := contraction(s, e)
 	return e + c, eof || eof2 || eof3, true
 }
