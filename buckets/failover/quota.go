@@ -48,7 +48,8 @@ func (s *Store) noteSpend(req buckets.Request, d buckets.Decision) {
 
 // chargeRest charges the local store, for each quota of qs not yet charged
 // in this outage, what this gateway may not spend of its window: all but
-// its share of what the primary last reported left (see above).
+// its share of what the primary last reported left (see the package
+// documentation).
 func (s *Store) chargeRest(ctx context.Context, qs []buckets.Quota) error {
 	if len(qs) == 0 {
 		return nil
@@ -81,12 +82,11 @@ func (s *Store) chargeRest(ctx context.Context, qs []buckets.Quota) error {
 			} else {
 				req.Cost = rest
 			}
-			d, err := s.local.Reserve(ctx, req)
-			if err != nil {
+			// A refusal means a settlement made the local spend larger
+			// since it was read: the window is already spent as far as it
+			// should be.
+			if _, err := s.local.Reserve(ctx, req); err != nil {
 				return fmt.Errorf("failover: quota %q: %w", q.Name, err)
-			}
-			if !d.OK {
-				return fmt.Errorf("failover: quota %q: the local store refused the spend of the shared window (%v)", q.Name, d.Reason)
 			}
 		}
 		if _, ok := m.charged[k]; !ok && len(m.charged) >= maxQuotaMemo {
