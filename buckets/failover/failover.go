@@ -52,7 +52,7 @@
 // about since it started counts as unspent. What the local store spent is
 // added to the shared windows once the primary answers again (queued with
 // the settlements, within MaxPending); a replay whose answer is lost is
-// tried again, so a lost answer can count a spend twice, never zero times.
+// tried again, so a lost answer can count a spend twice.
 package failover
 
 import (
