@@ -653,9 +653,10 @@ func (m *Memory) AddSpend(ctx context.Context, ss []Spend) error {
 	}
 	for _, s := range ss {
 		var ls lockSet
-		ls.add(m.shardOf(s.Quota.Key))
+		sh := m.shardOf(s.Quota.Key)
+		ls.add(sh)
 		m.lock(&ls)
-		m.shards[m.shardOf(s.Quota.Key)].charge(s.Quota, s.Window, s.Amount, m.expiry(s.Window), m.nowNS())
+		m.shards[sh].charge(s.Quota, s.Window, s.Amount, m.expiry(s.Window), m.nowNS())
 		m.unlock(&ls)
 	}
 	return nil

@@ -205,3 +205,31 @@ func TestInspectThroughInstrumentedStore(t *testing.T) {
 		t.Errorf("latency series = %d, want 1 (inspect)", n)
 	}
 }
+
+// TestAddSpendThroughInstrumentedStore: the failover store replays an
+// outage's quota spend through the instrumented store, so it must pass
+// AddSpend through (timed as op "add_spend"), or the spend is never added.
+func TestAddSpendThroughInstrumentedStore(t *testing.T) {
+	m := New(prometheus.NewRegistry())
+	mem := buckets.NewMemory(buckets.MemoryOptions{})
+	var s buckets.Store = m.Instrument(mem)
+	add, ok := s.(buckets.SpendAdder)
+	if !ok {
+		t.Fatalf("%T does not pass AddSpend through", s)
+	}
+	w, err := buckets.ParseWindow("month", "UTC")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := buckets.Quota{Name: "q", Key: "q", Window: w, Limit: 100}
+	ctx := context.Background()
+	if err := add.AddSpend(ctx, []buckets.Spend{{Quota: q, Window: w.Span(time.Now()), Amount: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, qs, err := mem.Inspect(ctx, nil, []buckets.Quota{q}); err != nil || qs[0].Spent != 7 {
+		t.Fatalf("spent after AddSpend = %+v, %v; want 7", qs, err)
+	}
+	if n := testutil.CollectAndCount(m.storeLatency); n != 1 {
+		t.Errorf("latency series = %d, want 1 (add_spend)", n)
+	}
+}

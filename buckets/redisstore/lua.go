@@ -147,9 +147,9 @@ end
 // quota). A settle with a record key applies only if it finds the record
 // unexpired, and removes it, so it runs once per reservation and a settled
 // request leaves nothing behind (S8); one without (a refund of a partly
-// taken chain) always applies. Debits stop at the floor; what they would
-// take below it is forgiven (S9, S14). A quota's spend has no floor but
-// zero.
+// taken chain, a spend added by AddSpend) always applies. Debits stop at
+// the floor; what they would take below it is forgiven (S9, S14). A
+// quota's spend has no floor but zero.
 //
 // Returns one packed string of doubles, per operation: for a reserve its
 // status (0 admitted, 1 short of tokens, 2 concurrency full, 3 never

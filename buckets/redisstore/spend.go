@@ -2,39 +2,17 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/tokengate/tokengate/buckets"
 )
 
-// addSpendLua adds an amount to a quota window's spend, whatever its
-// limit. It needs no clock: the caller passes the window's TTL.
-//
-// KEYS: the quota key. ARGV: the amount as a packed double, the TTL (ms)
-// of a write (until the window's end and the slack; zero or less writes
-// nothing).
-// Returns the spend after the addition, as a packed double, or 0 when it
-// wrote nothing.
-const addSpendLua = `
-if tonumber(ARGV[2]) <= 0 then return 0 end
-local v = redis.call('GET', KEYS[1])
-local s = struct.unpack('<d', ARGV[1])
-if v then
-  s = s + struct.unpack('<d', v)
-  redis.call('SET', KEYS[1], struct.pack('<d', s), 'KEEPTTL')
-else
-  redis.call('SET', KEYS[1], struct.pack('<d', s), 'PX', ARGV[2])
-end
-return struct.pack('<d', s)
-`
-
-var addSpendScript = newScript(addSpendLua)
-
 var _ buckets.SpendAdder = (*Store)(nil)
 
-// AddSpend implements buckets.SpendAdder: one script call per spend, as
-// the windows of different quotas may live in different cluster slots.
+// AddSpend implements buckets.SpendAdder: one settle op per group (hash
+// slot) of the spends' windows, without a record, so that it always
+// applies, changing each window's spend by its amount (see batchLua).
 func (s *Store) AddSpend(ctx context.Context, ss []buckets.Spend) error {
 	if err := buckets.ValidateSpend(ss); err != nil {
 		return err
@@ -44,13 +22,25 @@ func (s *Store) AddSpend(ctx context.Context, ss []buckets.Spend) error {
 		return err
 	}
 	defer cancel()
-	now := s.now()
-	for _, sp := range ss {
-		ttl := strconv.FormatFloat(quotaTTL(sp.Window, now), 'f', 0, 64)
-		key := s.quotaKey(sp.Quota.Key, sp.Window.ID)
-		if _, err := s.run(ctx, addSpendScript, []string{key}, []any{string(pack(nil, sp.Amount)), ttl}); err != nil {
-			return fmt.Errorf("redisstore: add spend to %q: %w", sp.Quota.Name, err)
+	qs, spans := make([]buckets.Quota, len(ss)), make([]buckets.Span, len(ss))
+	for j, sp := range ss {
+		qs[j], spans[j] = sp.Quota, sp.Window
+	}
+	qdelta := func(j int) float64 { return ss[j].Amount }
+	gs := s.groups(nil, nil, qs)
+	ops := make([]op, len(gs))
+	for k, g := range gs {
+		ops[k] = op{g: g, qs: qs, spans: spans, qdelta: qdelta}
+	}
+	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	var errs []error
+	for k := range ops {
+		if err := ops[k].err; err != nil {
+			errs = append(errs, err)
 		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redisstore: add spend: %w", err)
 	}
 	return nil
 }
