@@ -12,13 +12,13 @@
 // the provider bills, less than one micro-unit more, and sums never drift.
 //
 // Models resolve by canonical name (modelname.Canonical: case, router
-// prefixes), then aliases, then by the model a snapshot belongs to
-// (modelname.Snapshot: "gpt-4o-2024-08-06" is priced as "gpt-4o"): the
-// rule the tokenizer reads model names by. A fine-tune is a model of its
-// own, never priced as its base model, whose rates it does not share. A
-// model the table does not
-// price is refused with ErrUnpriced, or priced at a configured fallback:
-// the operator chooses (Config.UnknownModels).
+// prefixes), then aliases and the snapshots an entry names, then by the
+// model a snapshot belongs to (modelname.Snapshot) only where that model's
+// entry shares its price with every snapshot (Entry.SharesSnapshots):
+// providers price some snapshots apart. A fine-tune is a model of its own,
+// never priced as its base model, whose rates it does not share. A model
+// the table does not price is refused with ErrUnpriced, or priced at a
+// configured fallback: the operator chooses (Config.UnknownModels).
 //
 // Most callers build a Table from Config.Table once, then call
 // Table.Resolve per request, Price.MaxCost to reserve before forwarding and

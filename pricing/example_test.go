@@ -8,14 +8,15 @@ import (
 
 func ExampleTable_Cost() {
 	table, err := pricing.Config{
-		Models: []pricing.Entry{{Model: "gpt-4o-mini", Input: "0.15", CachedInput: "0.075", Output: "0.60"}},
+		Models: []pricing.Entry{{Model: "gpt-4o-mini", Snapshots: []string{"gpt-4o-mini-2024-07-18"},
+			Input: "0.15", CachedInput: "0.075", Output: "0.60"}},
 	}.Table()
 	if err != nil {
 		panic(err)
 	}
 	// OpenAI usage: prompt_tokens 1200 of which cached_tokens 1024,
-	// completion_tokens 250. The router prefix and snapshot date resolve to
-	// the gpt-4o-mini entry.
+	// completion_tokens 250. The router prefix and the snapshot the entry
+	// names resolve to the gpt-4o-mini entry.
 	usage := pricing.Usage{InputTokens: 1200, CachedInputTokens: 1024, OutputTokens: 250}
 	cost, err := table.Cost("openai/gpt-4o-mini-2024-07-18", usage)
 	if err != nil {

@@ -28,7 +28,7 @@ func usageOf(u provider.Usage) pricing.Usage {
 // fields priced by hand. The prices are test prices, not the shipped ones.
 func TestCostOfRecordedUsage(t *testing.T) {
 	table, err := pricing.NewTable("USD", []pricing.Entry{
-		{Model: "claude-sonnet-4-5", Input: "3.00", CachedInput: "0.30", CacheWrite: "3.75", CacheWriteExtended: "6.00", Output: "15.00"},
+		{Model: "claude-sonnet-4-5", SharesSnapshots: true, Input: "3.00", CachedInput: "0.30", CacheWrite: "3.75", CacheWriteExtended: "6.00", Output: "15.00"},
 		{Model: "gpt-5.6-sol", Input: "5.00", CachedInput: "0.50", Output: "30.00"},
 		{Model: "gemini-2.5-pro", Input: "1.25", Output: "10.00"},
 	})

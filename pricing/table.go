@@ -27,12 +27,19 @@ var ErrUnpriced = errors.New("no price for model")
 // Output (reasoning billed as output, as by every provider today).
 type Entry struct {
 	// Model is the name requests use, matched as modelname.Canonical
-	// reads it (case and router prefixes do not matter); its snapshots
-	// match too.
+	// reads it (case and router prefixes do not matter).
 	Model string `yaml:"model"`
 	// Aliases are other names that resolve to this entry, such as an Azure
 	// OpenAI deployment name.
-	Aliases            []string `yaml:"aliases,omitempty"`
+	Aliases []string `yaml:"aliases,omitempty"`
+	// Snapshots are dated snapshots of Model (modelname.Snapshot) that the
+	// provider bills at this entry's prices. SharesSnapshots says every
+	// snapshot of Model is: a promise for snapshots not yet released,
+	// which a provider may break (gpt-4o-2024-05-13 costs twice what
+	// gpt-4o does). A snapshot neither names is priced by an entry of its
+	// own, or not at all.
+	Snapshots          []string `yaml:"snapshots,omitempty"`
+	SharesSnapshots    bool     `yaml:"shares_snapshots,omitempty"`
 	Input              string   `yaml:"input"`
 	CachedInput        string   `yaml:"cached_input,omitempty"`
 	CacheWrite         string   `yaml:"cache_write,omitempty"`
@@ -151,6 +158,11 @@ func (p *problems) price(path string, e Entry, provenance bool) Price {
 			p.add(fmt.Sprintf("%saliases[%d]", path, i), "empty alias")
 		}
 	}
+	for i, s := range e.Snapshots {
+		if f, ok := modelname.Snapshot(modelname.Canonical(s)); !ok || f != pr.Model {
+			p.add(fmt.Sprintf("%ssnapshots[%d]", path, i), "%q is not a dated snapshot of %q (such as %s-2025-01-31); name other models in aliases", s, e.Model, pr.Model)
+		}
+	}
 	pr.Rates = p.rates(path, e.Input, e.CachedInput, e.CacheWrite, e.CacheWriteExtended, e.Output, e.Reasoning)
 	if lc := e.LongContext; lc != nil {
 		lp := path + "long_context."
@@ -184,7 +196,8 @@ func (p *problems) price(path string, e Entry, provenance bool) Price {
 type Table struct {
 	currency string
 	entries  []Entry          // as given, for Merge
-	prices   map[string]Price // by canonical model name and alias
+	prices   map[string]Price // by canonical model name, alias and snapshot named
+	families map[string]bool  // models whose entry prices every snapshot (SharesSnapshots)
 	fallback *Price           // prices unknown models; nil refuses them
 }
 
@@ -207,7 +220,7 @@ func NewTable(currency string, entries []Entry) (*Table, error) {
 // are the caller's (indexed in problem paths); the rest come from a table
 // being merged into and are reported through the caller's entries.
 func (p *problems) build(currency string, entries []Entry, named int, provenance bool) *Table {
-	t := &Table{currency: currency, entries: slices.Clone(entries), prices: make(map[string]Price, 2*len(entries))}
+	t := &Table{currency: currency, entries: slices.Clone(entries), prices: make(map[string]Price, 2*len(entries)), families: map[string]bool{}}
 	type claim struct {
 		entry int
 		field string
@@ -232,13 +245,20 @@ func (p *problems) build(currency string, entries []Entry, named int, provenance
 		}
 		take(i, path+"model", pr.Model)
 		t.prices[pr.Model] = pr
-		for k, a := range e.Aliases {
-			a = modelname.Canonical(a)
-			take(i, fmt.Sprintf("%saliases[%d]", path, k), a)
-			if _, ok := t.prices[a]; !ok {
-				t.prices[a] = pr
+		if e.SharesSnapshots {
+			t.families[pr.Model] = true
+		}
+		names := func(field string, list []string) {
+			for k, a := range list {
+				a = modelname.Canonical(a)
+				take(i, fmt.Sprintf("%s%s[%d]", path, field, k), a)
+				if _, ok := t.prices[a]; !ok {
+					t.prices[a] = pr
+				}
 			}
 		}
+		names("aliases", e.Aliases)
+		names("snapshots", e.Snapshots)
 	}
 	return t
 }
@@ -297,9 +317,11 @@ func (t *Table) WithFallback(fallback Price) *Table {
 	return &nt
 }
 
-// Price returns the table's price for model: by its canonical name or an
-// alias, else by the model a dated snapshot belongs to. ok is false when
-// the table has no entry; the fallback does not apply here.
+// Price returns the table's price for model: by its canonical name, an
+// alias or a snapshot an entry names (Entry.Snapshots), else, for a dated
+// snapshot, by the entry of the model it belongs to when that entry
+// shares its price with every snapshot (Entry.SharesSnapshots). ok is
+// false when the table has no entry; the fallback does not apply here.
 func (t *Table) Price(model string) (Price, bool) {
 	m := modelname.Canonical(model)
 	if p, ok := t.prices[m]; ok {
@@ -307,8 +329,10 @@ func (t *Table) Price(model string) (Price, bool) {
 	}
 	// A fine-tune ("ft:gpt-4o-mini:org::id") is not its base model here,
 	// unlike for the tokenizer and per-model limits: it is billed at rates
-	// of its own (modelname's package documentation says why).
-	if family, ok := modelname.Snapshot(m); ok {
+	// of its own (modelname's package documentation says why). Nor is a
+	// snapshot its family unless the table says so: providers price some
+	// snapshots apart.
+	if family, ok := modelname.Snapshot(m); ok && t.families[family] {
 		p, ok := t.prices[family]
 		return p, ok
 	}

@@ -77,8 +77,8 @@ func TestShippedRates(t *testing.T) {
 
 func TestPriceResolvesModelNames(t *testing.T) {
 	table, err := pricing.Defaults().Merge([]pricing.Entry{
-		{Model: "gpt-4o", Input: "2.50", CachedInput: "1.25", Output: "10.00"},
-		{Model: "claude-opus-4-5", Input: "5", Output: "25"},
+		{Model: "gpt-4o", Snapshots: []string{"gpt-4o-2024-08-06"}, Input: "2.50", CachedInput: "1.25", Output: "10.00"},
+		{Model: "claude-opus-4-5", SharesSnapshots: true, Input: "5", Output: "25"},
 		{Model: "my-gpt", Aliases: []string{"Prod-Deployment-EU"}, Input: "1", Output: "2"},
 	})
 	if err != nil {
@@ -89,7 +89,7 @@ func TestPriceResolvesModelNames(t *testing.T) {
 		{"GPT-4o", "gpt-4o"},
 		{"  gpt-4o\n", "gpt-4o"},
 		{"openai/gpt-4o", "gpt-4o"},                     // router prefix
-		{"gpt-4o-2024-08-06", "gpt-4o"},                 // OpenAI dated snapshot
+		{"gpt-4o-2024-08-06", "gpt-4o"},                 // OpenAI dated snapshot the entry names
 		{"openai/gpt-4o-2024-08-06", "gpt-4o"},          // both
 		{"claude-opus-4-5-20251101", "claude-opus-4-5"}, // Anthropic snapshot
 		{"claude-opus-4-5@20251101", "claude-opus-4-5"}, // Vertex AI spelling
@@ -99,6 +99,7 @@ func TestPriceResolvesModelNames(t *testing.T) {
 		// Not resolvable: a different price or an unknown name.
 		{"gpt-6.2-sol-fast", ""},             // fast mode costs twice as much
 		{"gpt-4o-mini", ""},                  // not a snapshot of gpt-4o
+		{"gpt-4o-2024-05-13", ""},            // a snapshot the entry does not name
 		{"ft:gpt-4o:acme::abc123", ""},       // fine-tunes are priced apart
 		{"gpt-4o-2024-08", ""},               // not a date
 		{"gpt-4o-12345678", ""},              // not a date

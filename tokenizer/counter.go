@@ -176,6 +176,9 @@ var modelPrefixes = []struct{ prefix, encoding string }{
 	{"gpt-4.1", O200kBase},
 	{"gpt-4.5", O200kBase},
 	{"gpt-5", O200kBase},
+	// OpenAI publishes no vocabulary for gpt-6; it is counted as gpt-5 is,
+	// so that every model the shipped price table prices can be counted.
+	{"gpt-6", O200kBase},
 	{"gpt-oss", O200kBase},
 	{"gpt-realtime", O200kBase},
 	{"gpt-audio", O200kBase},

@@ -8,8 +8,9 @@
 //     A fine-tune keeps its "ft:" wrapper. The price table looks models up
 //     by this name.
 //   - Snapshot: the model a snapshot name belongs to ("gpt-4o-2024-08-06"
-//     is "gpt-4o"). The price table falls back to it when it has no entry
-//     for the snapshot itself.
+//     is "gpt-4o"). The price table falls back to it only when the
+//     family's entry says its snapshots share its price; providers price
+//     some snapshots apart.
 //   - FineTune: the base model of a fine-tune ("ft:gpt-4o-mini:org::id" is
 //     "gpt-4o-mini"). The tokenizer counts a fine-tune with its base
 //     model's vocabulary, and per-model limits treat it as its base model,
