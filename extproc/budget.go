@@ -9,6 +9,7 @@ import (
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
 	"github.com/tokengate/tokengate/pricing"
+	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // Budgets: quotas over calendar windows, in tokens or money (see
@@ -30,8 +31,44 @@ const (
 // allowance costs at most, which Extend debits from hard quotas of money.
 func (p *processor) maxMoney() (money, perToken float64) {
 	in := p.req.count.InputTokens
-	r := p.req.price.RatesFor(in)
-	return float64(p.req.price.MaxCost(in, p.req.allowance)), float64(max(r.Output, r.Reasoning)) / 1e6
+	return float64(p.req.price.MaxCost(in, p.req.allowance)), float64(p.req.price.MaxOutputRate(in)) / 1e6
+}
+
+// priceOf is the price request c is reserved at: its model's, at the
+// dearest service tier the request can be billed at (pricing.Table.TierFor).
+// The error wraps pricing.ErrUnpriced when the model has no price, or none
+// at that tier.
+func (p *processor) priceOf(c tokenizer.Count) (pricing.Price, error) {
+	price, err := p.s.cfg.Prices.Resolve(c.Model)
+	if err != nil {
+		return pricing.Price{}, err
+	}
+	tier := p.s.cfg.Prices.TierFor(c.ServiceTier)
+	tp, ok := price.AtTier(tier)
+	if !ok {
+		return pricing.Price{}, fmt.Errorf("%w %q at service tier %s", pricing.ErrUnpriced, c.Model, tier)
+	}
+	return tp, nil
+}
+
+// billed is the usage u as the provider billed it: at the tier its answer
+// names, and with the cache-write retention the request asked for when the
+// answer does not say. The price is the reservation's when the answer
+// names a tier the table has no price for.
+func (p *processor) billed(u provider.Usage) (pricing.Price, provider.Usage) {
+	if p.req.count.ExtendedCacheRetention && u.CacheCreationExtendedInputTokens == 0 {
+		u.CacheCreationExtendedInputTokens = u.CacheCreationInputTokens
+	}
+	price := p.req.price
+	if u.ServiceTier != "" && u.ServiceTier != price.Tier {
+		if tp, ok := price.AtTier(u.ServiceTier); ok {
+			price = tp
+		} else {
+			p.logAt(slog.LevelWarn, "the provider billed a service tier the price table has no price for; the reserved tier's price is charged",
+				"billed_tier", string(u.ServiceTier), "reserved_tier", string(price.Tier))
+		}
+	}
+	return price, u
 }
 
 // quotaCost is the request's cost in a quota's unit: tokens, or the money
@@ -53,14 +90,11 @@ func (p *processor) currency() string {
 }
 
 // spent is what the request cost in micro-units, its charge priced by the
-// model's price: the usage settled, or, where the reservation stands, what
-// it reserved when that is more.
+// model's price at the tier it was billed at: the usage settled, or, where
+// the reservation stands, what it reserved when that is more.
 func (p *processor) spent(c charge) float64 {
-	u := c.usage
-	cost := float64(p.req.price.Cost(pricing.Usage{
-		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CachedInputTokens: u.CachedInputTokens,
-		CacheCreationInputTokens: u.CacheCreationInputTokens, ReasoningTokens: u.ReasoningTokens,
-	}))
+	price, u := p.billed(c.usage)
+	cost := float64(price.Cost(u))
 	if c.standing {
 		r := p.st.res
 		cost = max(cost, r.Money+r.Extended*r.MoneyPerToken)
@@ -84,10 +118,15 @@ func quotaCharges(r *buckets.Reservation, actual float64) []QuotaCharge {
 // but whose model has no price, and the price table no fallback.
 func (p *processor) refuseUnpriced(send sendFunc) error {
 	p.req.decision = "bad_request"
+	msg := "a cost budget applies to this request, but its model has no price; ask the operator to price it"
+	if _, err := p.s.cfg.Prices.Resolve(p.req.count.Model); err == nil {
+		msg = fmt.Sprintf("a cost budget applies to this request, but its model has no price at the %s service tier it asks for; ask the operator to price it",
+			p.s.cfg.Prices.TierFor(p.req.count.ServiceTier))
+	}
 	p.logAt(slog.LevelInfo, "request refused: its model has no price", "code", "unpriced_model")
 	return p.immediate(reply{status: 400, detail: errorDetail{
 		Code:    "unpriced_model",
-		Message: "a cost budget applies to this request, but its model has no price; ask the operator to price it",
+		Message: msg,
 		Type:    "invalid_request_error",
 	}, details: "tokengate_unpriced_model"}, send)
 }

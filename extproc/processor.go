@@ -283,7 +283,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	p.req.count = c
 	p.req.allowance = p.pol.Allowance(c)
 	if p.pol.charges() {
-		price, err := p.s.cfg.Prices.Resolve(c.Model)
+		price, err := p.priceOf(c)
 		if err != nil {
 			return p.refuseUnpriced(send)
 		}

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/tokengate/tokengate/internal/billing"
 )
 
 //go:embed prices.yaml
@@ -66,7 +68,8 @@ func parseShipped(data []byte) (*Table, error) {
 //	  defaults: shipped        # or none: start from an empty table
 //	  unknown_models: refuse   # or fallback: price them at fallback
 //	  fallback: {input: "5.00", output: "25.00"}
-//	  models:                  # add models, or replace shipped entries whole
+//	  project_service_tier: standard  # or fast, flex: the OpenAI project's setting
+//	  models:                  # add models, or replace shipped entries (model and tier) whole
 //	    - model: gpt-6.2-sol
 //	      input: "1.80"        # a negotiated discount
 //	      cached_input: "0.09"
@@ -75,6 +78,8 @@ func parseShipped(data []byte) (*Table, error) {
 //	      aliases: [prod-deployment-eu]
 //	      input: "2.00"
 //	      output: "10.00"
+//	      context_window: 1050000
+//	      max_output_tokens: 128000
 //
 // The zero Config is the shipped table in USD, refusing unknown models.
 type Config struct {
@@ -83,6 +88,10 @@ type Config struct {
 	UnknownModels string  `yaml:"unknown_models"`
 	Fallback      *Entry  `yaml:"fallback"`
 	Models        []Entry `yaml:"models"`
+	// ProjectServiceTier is the tier OpenAI processes a request in that
+	// sends no service_tier or "auto": the Service Tier setting of the
+	// OpenAI project behind the gateway's key. Default standard.
+	ProjectServiceTier string `yaml:"project_service_tier"`
 }
 
 // Table checks c and builds its table. The error joins a FieldError for
@@ -127,16 +136,32 @@ func (c Config) Table() (*Table, error) {
 		if len(f.Aliases) > 0 {
 			p.add("fallback.aliases", "leave them out; the fallback prices every model without an entry")
 		}
-		f.Model, f.Aliases = FallbackModel, nil
+		for _, x := range []struct {
+			field string
+			set   bool
+		}{{"snapshots", len(f.Snapshots) > 0}, {"shares_snapshots", f.SharesSnapshots}, {"service_tier", f.ServiceTier != ""}} {
+			if x.set {
+				p.add("fallback."+x.field, "leave it out; the fallback prices every model without an entry, at every tier")
+			}
+		}
+		f.Model, f.Aliases, f.Snapshots, f.SharesSnapshots, f.ServiceTier = FallbackModel, nil, nil, false, ""
 		pr := p.price("fallback.", f, false)
 		fallback = &pr
 	default:
 		p.add("unknown_models", "%q: want refuse or fallback", c.UnknownModels)
 	}
+	project := Standard
+	if c.ProjectServiceTier != "" {
+		var ok bool
+		if project, ok = billing.Parse(c.ProjectServiceTier); !ok {
+			p.add("project_service_tier", "%q: want standard, fast or flex, as the OpenAI project's Service Tier setting is", c.ProjectServiceTier)
+		}
+	}
 	t := base.merge(&p, c.Models)
 	if err := p.err(); err != nil {
 		return nil, err
 	}
+	t.project = project
 	if fallback != nil {
 		t = t.WithFallback(*fallback)
 	}

@@ -10,19 +10,6 @@ import (
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
-// usageOf converts the usage extproc/provider reads from a response: the
-// two types count the same tokens in the same way (input includes cached
-// and cache writes, output includes reasoning).
-func usageOf(u provider.Usage) pricing.Usage {
-	return pricing.Usage{
-		InputTokens:              u.InputTokens,
-		OutputTokens:             u.OutputTokens,
-		CachedInputTokens:        u.CachedInputTokens,
-		CacheCreationInputTokens: u.CacheCreationInputTokens,
-		ReasoningTokens:          u.ReasoningTokens,
-	}
-}
-
 // TestCostOfRecordedUsage prices recorded provider responses, read by
 // extproc/provider, and checks each bill against the response's raw usage
 // fields priced by hand. The prices are test prices, not the shipped ones.
@@ -61,7 +48,7 @@ func TestCostOfRecordedUsage(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatalf("%s: ParseUsage = %+v, %v, %v", tt.recording, u, ok, err)
 		}
-		got, err := table.Cost(tt.model, usageOf(u))
+		got, err := table.Cost(tt.model, u)
 		if err != nil || got != tt.want {
 			t.Errorf("%s: Cost(%s, %+v) = %d, %v; want %d", tt.recording, tt.model, u, got, err, tt.want)
 		}

@@ -1,6 +1,7 @@
 package pricing
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/billing"
 	"github.com/tokengate/tokengate/internal/modelname"
 )
 
@@ -38,16 +40,32 @@ type Entry struct {
 	// which a provider may break (gpt-4o-2024-05-13 costs twice what
 	// gpt-4o does). A snapshot neither names is priced by an entry of its
 	// own, or not at all.
-	Snapshots          []string `yaml:"snapshots,omitempty"`
-	SharesSnapshots    bool     `yaml:"shares_snapshots,omitempty"`
-	Input              string   `yaml:"input"`
-	CachedInput        string   `yaml:"cached_input,omitempty"`
-	CacheWrite         string   `yaml:"cache_write,omitempty"`
-	CacheWriteExtended string   `yaml:"cache_write_extended,omitempty"`
-	Output             string   `yaml:"output"`
-	Reasoning          string   `yaml:"reasoning,omitempty"`
+	Snapshots       []string `yaml:"snapshots,omitempty"`
+	SharesSnapshots bool     `yaml:"shares_snapshots,omitempty"`
+	// ServiceTier is the tier these prices are for: standard (the
+	// default), fast (OpenAI priority or fast, Anthropic fast mode) or flex.
+	// An entry of another tier than standard prices the model of a
+	// standard entry, whose names and limits it shares: it sets neither.
+	ServiceTier        string `yaml:"service_tier,omitempty"`
+	Input              string `yaml:"input"`
+	CachedInput        string `yaml:"cached_input,omitempty"`
+	CacheWrite         string `yaml:"cache_write,omitempty"`
+	CacheWriteExtended string `yaml:"cache_write_extended,omitempty"`
+	Output             string `yaml:"output"`
+	Reasoning          string `yaml:"reasoning,omitempty"`
+	// AudioInput and AudioOutput price audio tokens (OpenAI
+	// prompt_tokens_details.audio_tokens, completion_tokens_details.
+	// audio_tokens); they default to Input and Output.
+	AudioInput  string `yaml:"audio_input,omitempty"`
+	AudioOutput string `yaml:"audio_output,omitempty"`
 	// LongContext prices a whole request above a prompt length.
 	LongContext *LongContextEntry `yaml:"long_context,omitempty"`
+	// ContextWindow and MaxOutputTokens are what the model can do: the
+	// most tokens of prompt and answer one call holds, and the most it
+	// generates. They bound the usage a provider may report for a request
+	// (usage_bound); 0 leaves the configured defaults.
+	ContextWindow   int `yaml:"context_window,omitempty"`
+	MaxOutputTokens int `yaml:"max_output_tokens,omitempty"`
 	// Source is the https page the prices were read from, and Date
 	// (YYYY-MM-DD) the day they were read. Both are required in the
 	// shipped defaults and optional in configuration.
@@ -67,6 +85,8 @@ type LongContextEntry struct {
 	CacheWriteExtended string `yaml:"cache_write_extended,omitempty"`
 	Output             string `yaml:"output"`
 	Reasoning          string `yaml:"reasoning,omitempty"`
+	AudioInput         string `yaml:"audio_input,omitempty"`
+	AudioOutput        string `yaml:"audio_output,omitempty"`
 }
 
 // FieldError is one problem with one field of a price table, named by its
@@ -128,18 +148,26 @@ func (p *problems) rate(field, s string, required bool, dst *Rate) {
 	*dst = Rate(r)
 }
 
+// rateFields are the rate fields of an entry or of its long-context tier,
+// as written.
+type rateFields struct {
+	input, cachedInput, cacheWrite, cacheWriteExtended, output, reasoning, audioInput, audioOutput string
+}
+
 // rates parses a set of rate fields, filling the optional ones.
-func (p *problems) rates(path string, input, cachedInput, cacheWrite, cacheWriteExtended, output, reasoning string) Rates {
+func (p *problems) rates(path string, f rateFields) Rates {
 	var r Rates
-	p.rate(path+"input", input, true, &r.Input)
-	p.rate(path+"output", output, true, &r.Output)
-	r.CachedInput, r.CacheWrite = r.Input, r.Input
-	p.rate(path+"cached_input", cachedInput, false, &r.CachedInput)
-	p.rate(path+"cache_write", cacheWrite, false, &r.CacheWrite)
+	p.rate(path+"input", f.input, true, &r.Input)
+	p.rate(path+"output", f.output, true, &r.Output)
+	r.CachedInput, r.CacheWrite, r.AudioInput = r.Input, r.Input, r.Input
+	p.rate(path+"cached_input", f.cachedInput, false, &r.CachedInput)
+	p.rate(path+"cache_write", f.cacheWrite, false, &r.CacheWrite)
 	r.CacheWriteExtended = r.CacheWrite
-	p.rate(path+"cache_write_extended", cacheWriteExtended, false, &r.CacheWriteExtended)
-	r.Reasoning = r.Output
-	p.rate(path+"reasoning", reasoning, false, &r.Reasoning)
+	p.rate(path+"cache_write_extended", f.cacheWriteExtended, false, &r.CacheWriteExtended)
+	r.Reasoning, r.AudioOutput = r.Output, r.Output
+	p.rate(path+"reasoning", f.reasoning, false, &r.Reasoning)
+	p.rate(path+"audio_input", f.audioInput, false, &r.AudioInput)
+	p.rate(path+"audio_output", f.audioOutput, false, &r.AudioOutput)
 	return r
 }
 
@@ -163,14 +191,40 @@ func (p *problems) price(path string, e Entry, provenance bool) Price {
 			p.add(fmt.Sprintf("%ssnapshots[%d]", path, i), "%q is not a dated snapshot of %q (such as %s-2025-01-31); name other models in aliases", s, e.Model, pr.Model)
 		}
 	}
-	pr.Rates = p.rates(path, e.Input, e.CachedInput, e.CacheWrite, e.CacheWriteExtended, e.Output, e.Reasoning)
+	pr.Rates = p.rates(path, rateFields{e.Input, e.CachedInput, e.CacheWrite, e.CacheWriteExtended, e.Output, e.Reasoning, e.AudioInput, e.AudioOutput})
+	pr.Tier = Standard
+	if e.ServiceTier != "" {
+		if t, ok := billing.Parse(e.ServiceTier); ok {
+			pr.Tier = t
+		} else {
+			p.add(path+"service_tier", "%q: want standard, fast or flex", e.ServiceTier)
+		}
+	}
+	if pr.Tier != Standard {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"aliases", len(e.Aliases) > 0}, {"snapshots", len(e.Snapshots) > 0}, {"shares_snapshots", e.SharesSnapshots},
+			{"context_window", e.ContextWindow != 0}, {"max_output_tokens", e.MaxOutputTokens != 0}} {
+			if f.set {
+				p.add(path+f.name, "set it on the model's standard entry: a %s entry shares the standard entry's names and limits", pr.Tier)
+			}
+		}
+	}
+	if e.ContextWindow < 0 {
+		p.add(path+"context_window", "%d: want the model's context window in tokens, such as 1000000", e.ContextWindow)
+	}
+	if e.MaxOutputTokens < 0 {
+		p.add(path+"max_output_tokens", "%d: want the most tokens the model generates in one call, such as 128000", e.MaxOutputTokens)
+	}
+	pr.ContextWindow, pr.MaxOutputTokens = e.ContextWindow, e.MaxOutputTokens
 	if lc := e.LongContext; lc != nil {
 		lp := path + "long_context."
 		if lc.AboveInputTokens <= 0 {
 			p.add(lp+"above_input_tokens", "required: the prompt length in tokens above which these rates apply, such as 200000")
 		}
 		n := len(*p)
-		r := p.rates(lp, lc.Input, lc.CachedInput, lc.CacheWrite, lc.CacheWriteExtended, lc.Output, lc.Reasoning)
+		r := p.rates(lp, rateFields{lc.Input, lc.CachedInput, lc.CacheWrite, lc.CacheWriteExtended, lc.Output, lc.Reasoning, lc.AudioInput, lc.AudioOutput})
 		if len(*p) == n && !r.atLeast(pr.Rates) {
 			p.add(lp[:len(lp)-1], "a long-context rate is lower than the base rate it replaces; a longer prompt never costs less per token")
 		}
@@ -199,6 +253,7 @@ type Table struct {
 	prices   map[string]Price // by canonical model name, alias and snapshot named
 	families map[string]bool  // models whose entry prices every snapshot (SharesSnapshots)
 	fallback *Price           // prices unknown models; nil refuses them
+	project  Tier             // what an OpenAI request that leaves the tier to its project is billed at
 }
 
 // NewTable checks every entry and builds a table that prices in currency
@@ -231,19 +286,58 @@ func (p *problems) build(currency string, entries []Entry, named int, provenance
 		switch {
 		case !ok || prev.entry == i:
 			owner[name] = claim{i, field}
+		case i < named && prev.entry >= named:
+			p.add(field, "%q names an entry of the table merged into; replace that entry by giving its model name instead", name)
 		case i < named:
+			if model, tier, ok := strings.Cut(name, "\x00"); ok {
+				p.add(field, "%q is already priced at tier %s by models[%d]", model, tier, prev.entry)
+				return
+			}
 			p.add(field, "%q is already priced by models[%d]", name, prev.entry)
 		default:
 			p.add(prev.field, "%q names an entry of the table merged into; replace that entry by giving its model name instead", name)
 		}
 	}
+	prices := make([]Price, len(entries))
+	tiers := map[string]map[Tier]Price{} // every tier of a model, by its standard name
 	for i, e := range entries {
 		path := fmt.Sprintf("models[%d].", i)
 		pr := p.price(path, e, provenance)
+		prices[i] = pr
 		if pr.Model == "" {
 			continue
 		}
+		if pr.Tier != Standard {
+			// One entry per model and tier; the tier's name space is its own.
+			take(i, path+"model", pr.Model+"\x00"+string(pr.Tier))
+			continue
+		}
 		take(i, path+"model", pr.Model)
+		tiers[pr.Model] = map[Tier]Price{}
+	}
+	for i, pr := range prices {
+		if pr.Model == "" || pr.Tier == Standard {
+			continue
+		}
+		if tiers[pr.Model] == nil {
+			p.add(fmt.Sprintf("models[%d].service_tier", i), "%s prices for %q, which has no standard entry: price its standard tier too", pr.Tier, pr.Model)
+			continue
+		}
+		tiers[pr.Model][pr.Tier] = pr
+	}
+	for i, e := range entries {
+		pr := prices[i]
+		if pr.Model == "" || pr.Tier != Standard {
+			continue
+		}
+		path := fmt.Sprintf("models[%d].", i)
+		all := tiers[pr.Model]
+		pr.tiers = all
+		for tier, tp := range all {
+			tp.tiers, tp.ContextWindow, tp.MaxOutputTokens = all, pr.ContextWindow, pr.MaxOutputTokens
+			all[tier] = tp
+		}
+		all[Standard] = pr
 		t.prices[pr.Model] = pr
 		if e.SharesSnapshots {
 			t.families[pr.Model] = true
@@ -293,14 +387,16 @@ func (t *Table) Merge(overrides []Entry) (*Table, error) {
 }
 
 func (t *Table) merge(p *problems, overrides []Entry) *Table {
-	replaced := map[string]bool{}
+	type key struct{ model, tier string }
+	keyOf := func(e Entry) key { return key{modelname.Canonical(e.Model), cmp.Or(e.ServiceTier, string(Standard))} }
+	replaced := map[key]bool{}
 	for _, o := range overrides {
-		replaced[modelname.Canonical(o.Model)] = true
+		replaced[keyOf(o)] = true
 	}
 	// Overrides come first, so that problem paths index them.
 	merged := slices.Clone(overrides)
 	for _, e := range t.entries {
-		if !replaced[modelname.Canonical(e.Model)] {
+		if !replaced[keyOf(e)] {
 			merged = append(merged, e)
 		}
 	}
@@ -355,13 +451,18 @@ func (t *Table) Resolve(model string) (Price, error) {
 	return Price{}, fmt.Errorf("%w %q", ErrUnpriced, model)
 }
 
-// Cost is Resolve(model) then Price.Cost(u).
+// Cost is Resolve(model), then the price at u.ServiceTier (Price.AtTier),
+// then Price.Cost(u).
 func (t *Table) Cost(model string, u Usage) (Micros, error) {
 	p, err := t.Resolve(model)
 	if err != nil {
 		return 0, err
 	}
-	return p.Cost(u), nil
+	tp, ok := p.AtTier(u.ServiceTier)
+	if !ok {
+		return 0, fmt.Errorf("%w %q at service tier %s", ErrUnpriced, model, u.ServiceTier)
+	}
+	return tp.Cost(u), nil
 }
 
 // MaxCost is Resolve(model) then Price.MaxCost(inputTokens, outputTokens).
@@ -371,6 +472,29 @@ func (t *Table) MaxCost(model string, inputTokens, outputTokens int) (Micros, er
 		return 0, err
 	}
 	return p.MaxCost(inputTokens, outputTokens), nil
+}
+
+// ProjectTier is the service tier an OpenAI request that names none (or
+// "auto") is processed in: its project's Service Tier setting, as
+// Config.ProjectServiceTier gives it. Standard unless configured.
+func (t *Table) ProjectTier() Tier { return cmp.Or(t.project, Standard) }
+
+// TierFor is the service tier a request asking for requested (as
+// tokenizer.Count.ServiceTier reads it) is reserved at: the dearest it can
+// be billed at. Auto (no tier named, or OpenAI "auto") is the project's
+// tier (ProjectTier); a value not known is Fast; Fast is Fast, though the
+// provider may serve it at Standard; no tier named at all ("") is
+// Standard.
+func (t *Table) TierFor(requested Tier) Tier {
+	switch requested {
+	case billing.Auto:
+		return t.ProjectTier()
+	case billing.Unknown:
+		return Fast
+	case "":
+		return Standard
+	}
+	return requested
 }
 
 // Models returns the canonical names of the table's entries, sorted.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/tokengate/tokengate/pricing"
@@ -56,13 +57,13 @@ func TestShippedRates(t *testing.T) {
 		want  pricing.Rates
 		long  *pricing.LongContext
 	}{
-		{"gpt-6.2-sol", pricing.Rates{Input: 2_000_000, CachedInput: 100_000, CacheWrite: 2_500_000, CacheWriteExtended: 5_000_000, Output: 10_000_000, Reasoning: 10_000_000},
-			&pricing.LongContext{AboveInputTokens: 272_000, Rates: pricing.Rates{Input: 4_000_000, CachedInput: 200_000, CacheWrite: 5_000_000, CacheWriteExtended: 10_000_000, Output: 15_000_000, Reasoning: 15_000_000}}},
+		{"gpt-6.2-sol", pricing.Rates{Input: 2_000_000, CachedInput: 100_000, CacheWrite: 2_500_000, CacheWriteExtended: 5_000_000, Output: 10_000_000, Reasoning: 10_000_000, AudioInput: 2_000_000, AudioOutput: 10_000_000},
+			&pricing.LongContext{AboveInputTokens: 272_000, Rates: pricing.Rates{Input: 4_000_000, CachedInput: 200_000, CacheWrite: 5_000_000, CacheWriteExtended: 10_000_000, Output: 15_000_000, Reasoning: 15_000_000, AudioInput: 4_000_000, AudioOutput: 15_000_000}}},
 		// No 12-hour price on the page: extended writes default to the
 		// 30-minute rate.
-		{"gpt-5.6-luna", pricing.Rates{Input: 200_000, CachedInput: 20_000, CacheWrite: 250_000, CacheWriteExtended: 250_000, Output: 1_200_000, Reasoning: 1_200_000},
-			&pricing.LongContext{AboveInputTokens: 272_000, Rates: pricing.Rates{Input: 400_000, CachedInput: 40_000, CacheWrite: 500_000, CacheWriteExtended: 500_000, Output: 1_800_000, Reasoning: 1_800_000}}},
-		{"claude-opus-5-5", pricing.Rates{Input: 4_000_000, CachedInput: 200_000, CacheWrite: 5_000_000, CacheWriteExtended: 8_000_000, Output: 20_000_000, Reasoning: 20_000_000}, nil},
+		{"gpt-5.6-luna", pricing.Rates{Input: 200_000, CachedInput: 20_000, CacheWrite: 250_000, CacheWriteExtended: 250_000, Output: 1_200_000, Reasoning: 1_200_000, AudioInput: 200_000, AudioOutput: 1_200_000},
+			&pricing.LongContext{AboveInputTokens: 272_000, Rates: pricing.Rates{Input: 400_000, CachedInput: 40_000, CacheWrite: 500_000, CacheWriteExtended: 500_000, Output: 1_800_000, Reasoning: 1_800_000, AudioInput: 400_000, AudioOutput: 1_800_000}}},
+		{"claude-opus-5-5", pricing.Rates{Input: 4_000_000, CachedInput: 200_000, CacheWrite: 5_000_000, CacheWriteExtended: 8_000_000, Output: 20_000_000, Reasoning: 20_000_000, AudioInput: 4_000_000, AudioOutput: 20_000_000}, nil},
 	}
 	for _, tt := range tests {
 		p := mustPrice(t, tt.model)
@@ -166,8 +167,9 @@ func TestMergeReplacesWholeEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	sol, _ := merged.Price("gpt-6.2-sol")
-	want := pricing.Price{Model: "gpt-6.2-sol", Rates: pricing.Rates{Input: 1_800_000, CachedInput: 1_800_000, CacheWrite: 1_800_000, CacheWriteExtended: 1_800_000, Output: 9_000_000, Reasoning: 9_000_000}}
-	if diff := cmp.Diff(want, sol); diff != "" {
+	want := pricing.Price{Model: "gpt-6.2-sol", Tier: pricing.Standard, Rates: pricing.Rates{Input: 1_800_000, CachedInput: 1_800_000, CacheWrite: 1_800_000,
+		CacheWriteExtended: 1_800_000, Output: 9_000_000, Reasoning: 9_000_000, AudioInput: 1_800_000, AudioOutput: 9_000_000}}
+	if diff := cmp.Diff(want, sol, cmpopts.IgnoreUnexported(pricing.Price{})); diff != "" {
 		t.Errorf("merged gpt-6.2-sol (-want +got):\n%s", diff)
 	}
 	if _, ok := merged.Price("gemini-3.5-flash"); !ok {

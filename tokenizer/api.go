@@ -1,6 +1,10 @@
 package tokenizer
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/tokengate/tokengate/internal/billing"
+)
 
 // API names the shape of an LLM request body (S22).
 type API string
@@ -107,6 +111,16 @@ type Count struct {
 	// IncludeUsage reports whether an OpenAI streaming request already asked
 	// for stream_options.include_usage.
 	IncludeUsage bool
+	// ServiceTier is the service tier the request asks for, as its
+	// provider reads it (billing.OpenAI of service_tier, billing.Anthropic
+	// of speed; Standard for Gemini): billing.Auto leaves it to the OpenAI
+	// project, billing.Unknown is a value not known. It chooses the prices
+	// a request is reserved at (pricing.Price.AtTier).
+	ServiceTier billing.Tier
+	// ExtendedCacheRetention is true when an OpenAI request asks for the
+	// longer prompt-cache retention (prompt_cache_retention "24h"), whose
+	// cache writes are billed at the extended rate.
+	ExtendedCacheRetention bool
 }
 
 // Reservation is the number of tokens to reserve: input plus output allowance.

@@ -7,6 +7,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/tokengate/tokengate/internal/billing"
 )
 
 // DetectAPI returns the shape of a request body: from the HTTP path when it
@@ -41,6 +43,7 @@ type body struct {
 	EncodingFormat, Dimensions, Thinking                  jval
 	MaxTokens, MaxCompletionTokens, MaxOutputTokens       jval
 	N, BestOf                                             jval
+	ServiceTier, Speed, PromptCacheRetention              jval
 	Stream, IncludeUsage                                  bool
 }
 
@@ -121,6 +124,12 @@ func parseBody(src []byte) (*body, error) {
 			stream = v
 		case "stream_options":
 			streamOptions = v
+		case "service_tier":
+			b.ServiceTier = v
+		case "speed":
+			b.Speed = v
+		case "prompt_cache_retention":
+			b.PromptCacheRetention = v
 		}
 	}
 	if err := b.readFlags(stream, streamOptions); err != nil {
@@ -368,6 +377,7 @@ func (c *Counter) count(req Request, pre *Precount) (Count, error) {
 	out.InputTokens = t.total()
 	out.Stream = b.Stream
 	out.IncludeUsage = b.IncludeUsage
+	out.ServiceTier, out.ExtendedCacheRetention = b.billing(api)
 	if out.Embedding {
 		out.AllowanceSource = FromRequest
 		return out, nil
@@ -397,6 +407,38 @@ func (c *Counter) count(req Request, pre *Precount) (Count, error) {
 	}
 	out.OutputAllowance = satMul(out.ChoiceAllowance, out.Choices)
 	return out, nil
+}
+
+// billing reads the fields of the body that choose the rates its request is
+// billed at, as the provider of api reads them: the service tier it asks
+// for, and whether its cache writes take the longer retention. A field of
+// the wrong type is left to the provider to refuse; it reads as a value
+// not known, which is reserved at the dearest rates.
+func (b *body) billing(api API) (tier billing.Tier, extended bool) {
+	value := func(v jval) (string, bool) {
+		switch v.kind() {
+		case 0, 'n':
+			return "", true
+		case '"':
+			return v.str(), true
+		}
+		return "", false
+	}
+	switch api {
+	case Messages:
+		if speed, ok := value(b.Speed); ok {
+			return billing.Anthropic(speed), false
+		}
+		return billing.Unknown, false
+	case Gemini:
+		return billing.Standard, false
+	}
+	tier = billing.Unknown
+	if v, ok := value(b.ServiceTier); ok {
+		tier = billing.OpenAI(v)
+	}
+	r, ok := value(b.PromptCacheRetention)
+	return tier, !ok || billing.ExtendedRetention(r)
 }
 
 // capField is one output cap of a body, by its dotted path.

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tokengate/tokengate/internal/billing"
 )
 
 // TestCaseVariantKeys: keys are read as the provider reads them, exactly.
@@ -280,7 +282,7 @@ func TestGeminiBatchEmbedContents(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := Count{API: Gemini, Model: "text-embedding-004", ModelKey: "text-embedding-004", Encoding: O200kBase,
-				InputTokens: tt.input, AllowanceSource: FromRequest, Choices: 1, Embedding: true, CapFloor: 1}
+				InputTokens: tt.input, AllowanceSource: FromRequest, Choices: 1, Embedding: true, CapFloor: 1, ServiceTier: billing.Standard}
 			if tt.path == "" {
 				want.Model = "models/text-embedding-004"
 			}
@@ -452,4 +454,43 @@ func ExampleClassify() {
 	// metered chat chat
 	// free  count_tokens
 	// unknown  images
+}
+
+// TestCountReadsTheFieldsThatChangeThePrice: the service tier a request
+// asks for and its prompt-cache retention are read as its provider reads
+// them, so that it is reserved at the rates it can be billed at. A value of
+// the wrong type is the provider's to refuse, and reads as not known.
+func TestCountReadsTheFieldsThatChangeThePrice(t *testing.T) {
+	c, err := New(Options{DefaultOutputTokens: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path, body string
+		tier       billing.Tier
+		extended   bool
+	}{
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`, billing.Auto, false},
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[],"service_tier":"auto"}`, billing.Auto, false},
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[],"service_tier":"default"}`, billing.Standard, false},
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[],"service_tier":"priority"}`, billing.Fast, false},
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[],"service_tier":"fast"}`, billing.Fast, false},
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[],"service_tier":"flex","prompt_cache_retention":"24h"}`, billing.Flex, true},
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[],"service_tier":"turbo"}`, billing.Unknown, false},
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[],"service_tier":7,"prompt_cache_retention":1}`, billing.Unknown, true},
+		{"/v1/responses", `{"model":"gpt-5","input":"hi","service_tier":"priority","prompt_cache_retention":"in_memory"}`, billing.Fast, false},
+		{"/v1/messages", `{"model":"claude-opus-5","max_tokens":1,"messages":[]}`, billing.Standard, false},
+		{"/v1/messages", `{"model":"claude-opus-5","max_tokens":1,"messages":[],"speed":"fast","service_tier":"auto"}`, billing.Fast, false},
+		{"/v1/messages", `{"model":"claude-opus-5","max_tokens":1,"messages":[],"speed":"warp"}`, billing.Unknown, false},
+		{"/v1beta/models/gemini-2.5-pro:generateContent", `{"contents":[]}`, billing.Standard, false},
+	}
+	for _, tt := range tests {
+		got, err := c.Count(Request{Path: tt.path, Body: []byte(tt.body)})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		if got.ServiceTier != tt.tier || got.ExtendedCacheRetention != tt.extended {
+			t.Errorf("%s: tier %q, extended retention %v; want %q, %v", tt.body, got.ServiceTier, got.ExtendedCacheRetention, tt.tier, tt.extended)
+		}
+	}
 }

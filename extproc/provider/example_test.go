@@ -30,12 +30,12 @@ func ExampleStream() {
 		}
 	}
 	u, ok := s.Usage()
-	fmt.Printf("%+v %v total %d\n", u, ok, u.Total())
+	fmt.Printf("input %d (cached %d), output %d, total %d, %v\n", u.InputTokens, u.CachedInputTokens, u.OutputTokens, u.Total(), ok)
 	// Output:
 	// text "", usage true, forward 139 bytes
 	// text "Hello", usage false, forward 120 bytes
 	// text "", usage true, forward 116 bytes
-	// {InputTokens:20 OutputTokens:2 CachedInputTokens:3 CacheCreationInputTokens:0 ReasoningTokens:0} true total 22
+	// input 20 (cached 3), output 2, total 22, true
 }
 
 // At a hard budget the stream ends with finish_reason "length", the usage
@@ -53,11 +53,11 @@ func ExampleStream_Close() {
 }
 
 func ExampleParseUsage() {
-	body := []byte(`{"id":"resp_1","usage":{"input_tokens":11,"input_tokens_details":{"cached_tokens":0},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":16}}`)
+	body := []byte(`{"id":"resp_1","service_tier":"priority","usage":{"input_tokens":11,"input_tokens_details":{"cached_tokens":0},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":16}}`)
 	u, ok, err := provider.ParseUsage(tokenizer.Responses, body)
-	fmt.Printf("%+v %v %v\n", u, ok, err)
+	fmt.Printf("input %d, output %d (reasoning %d), billed at the %s tier, %v %v\n", u.InputTokens, u.OutputTokens, u.ReasoningTokens, u.ServiceTier, ok, err)
 	// Output:
-	// {InputTokens:11 OutputTokens:5 CachedInputTokens:0 CacheCreationInputTokens:0 ReasoningTokens:2} true <nil>
+	// input 11, output 5 (reasoning 2), billed at the fast tier, true <nil>
 }
 
 // Gemini without alt=sse streams a JSON array. FramingOf tells the

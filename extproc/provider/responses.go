@@ -544,8 +544,12 @@ func (s *Stream) responseObject(ev *Event, r []byte) error {
 	if err != nil {
 		return err
 	}
+	var af answerFields
 	for m, ok := obj.next(); ok; m, ok = obj.next() {
 		v := r[m.valueStart:m.valueEnd]
+		if af.read(m.key, v) {
+			continue
+		}
 		switch string(m.key) {
 		case "id":
 			keep(&s.id, v)
@@ -563,6 +567,9 @@ func (s *Stream) responseObject(ev *Event, r []byte) error {
 			}
 			s.usage, s.hasUsage, ev.Usage = u, true, true
 		}
+	}
+	if ev.Usage {
+		af.apply(&s.usage)
 	}
 	return obj.err
 }

@@ -358,6 +358,7 @@ func (s *Stream) observeOpenAI(ev *Event, event, data []byte, off, n int) error 
 		return err
 	}
 	var (
+		af           answerFields
 		usage        member
 		hasUsage     bool
 		usagePrevEnd = -1 // end of the value before the usage member
@@ -381,6 +382,8 @@ func (s *Stream) observeOpenAI(ev *Event, event, data []byte, off, n int) error 
 			}
 		case "usage":
 			usage, hasUsage, usagePrevEnd = m, true, prevEnd
+		default:
+			af.read(m.key, v) // the usage chunk names its own service_tier
 		}
 		prevEnd = m.valueEnd
 	}
@@ -396,6 +399,7 @@ func (s *Stream) observeOpenAI(ev *Event, event, data []byte, off, n int) error 
 		if err != nil {
 			return fmt.Errorf("usage: %w", err)
 		}
+		af.apply(&u)
 		s.usage, s.hasUsage, ev.Usage = u, true, true
 	}
 	switch {

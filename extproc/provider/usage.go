@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tokengate/tokengate/internal/billing"
+	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -12,23 +14,10 @@ import (
 // negative token count.
 var ErrMalformed = errors.New("malformed provider response")
 
-// Usage is the one shape provider usage is read into (S22). docs/wire-formats.md
-// has the table of where each field comes from per provider.
-//
-// The zero value reports no tokens. Usage is a plain value, safe to copy and
-// to share between goroutines.
-type Usage struct {
-	InputTokens              int // prompt tokens billed, cached included
-	OutputTokens             int // completion tokens, reasoning included
-	CachedInputTokens        int // OpenAI cached_tokens / Anthropic cache_read_input_tokens / Gemini cachedContentTokenCount
-	CacheCreationInputTokens int // Anthropic cache_creation_input_tokens
-	ReasoningTokens          int // OpenAI reasoning_tokens / Gemini thoughtsTokenCount
-}
-
-// Total is input plus output tokens: what the upstream bills and what
-// settlement charges (S8). Cached and reasoning tokens are already inside
-// input and output.
-func (u Usage) Total() int { return u.InputTokens + u.OutputTokens }
+// Usage is the one shape provider usage is read into (S22), the shape the
+// price table prices: docs/wire-formats.md has the table of where each
+// field comes from per provider.
+type Usage = pricing.Usage
 
 // ParseUsage reads usage from a complete non-streamed JSON response body of
 // the given API (S22). ok is false when the body reports none, as error bodies
@@ -68,12 +57,13 @@ func parseUsage(api tokenizer.API, body []byte) (Usage, bool, error) {
 	var (
 		u  Usage
 		ok bool
+		af answerFields
 	)
 	for m, more := obj.next(); more; m, more = obj.next() {
-		if string(m.key) != key {
+		v := body[m.valueStart:m.valueEnd]
+		if af.read(m.key, v) || string(m.key) != key {
 			continue
 		}
-		v := body[m.valueStart:m.valueEnd]
 		if isNull(v) {
 			u, ok = Usage{}, false
 			continue
@@ -83,7 +73,63 @@ func parseUsage(api tokenizer.API, body []byte) (Usage, bool, error) {
 		}
 		ok = true
 	}
+	if ok {
+		af.apply(&u)
+	}
 	return u, ok, obj.err
+}
+
+// answerFields are the members of an OpenAI answer beside its usage that
+// say how its tokens were billed: service_tier, the tier the request was
+// processed in (every chat chunk and Responses object carries it), and
+// prompt_cache_retention (Responses objects echo the request's).
+type answerFields struct {
+	tier, retention string
+}
+
+// read keeps the member key: v if it is one of them, and reports whether it
+// was.
+func (af *answerFields) read(key, v []byte) bool {
+	switch string(key) {
+	case "service_tier":
+		af.tier = shortString(v)
+	case "prompt_cache_retention":
+		af.retention = shortString(v)
+	default:
+		return false
+	}
+	return true
+}
+
+// apply marks u's tokens as the fields say they were billed: at the tier
+// the answer names, when it names one the price table knows; every cache
+// write of a request with the longer retention is an extended one.
+func (af answerFields) apply(u *Usage) {
+	switch t := billing.OpenAI(af.tier); t {
+	case billing.Standard, billing.Fast, billing.Flex:
+		u.ServiceTier = t
+	}
+	if billing.ExtendedRetention(af.retention) {
+		u.CacheCreationExtendedInputTokens = u.CacheCreationInputTokens
+	}
+}
+
+// maxShortString bounds the strings shortString decodes: the values it
+// reads are short names.
+const maxShortString = 64
+
+// shortString is the JSON string v decoded, or "" when v is no string (null
+// included), does not decode or is longer than any value read this way.
+func shortString(v []byte) string {
+	if len(v) > maxShortString+2 {
+		return ""
+	}
+	var buf [maxShortString]byte
+	b, err := appendUnquoted(buf[:0], v)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // parseGeminiArray reads the usage of a streamGenerateContent body sent as a
@@ -197,10 +243,10 @@ func readOpenAIUsage(v []byte) (Usage, error) {
 		case "completion_tokens":
 			err = countField(&u.OutputTokens, m.key, val)
 		case "prompt_tokens_details":
-			err = readNested(m.key, val, []string{"cached_tokens", "cache_write_tokens"},
-				[]*int{&u.CachedInputTokens, &u.CacheCreationInputTokens})
+			err = readNested(m.key, val, []string{"cached_tokens", "cache_write_tokens", "audio_tokens"},
+				[]*int{&u.CachedInputTokens, &u.CacheCreationInputTokens, &u.AudioInputTokens})
 		case "completion_tokens_details":
-			err = readNested(m.key, val, []string{"reasoning_tokens"}, []*int{&u.ReasoningTokens})
+			err = readNested(m.key, val, []string{"reasoning_tokens", "audio_tokens"}, []*int{&u.ReasoningTokens, &u.AudioOutputTokens})
 		}
 		if err != nil {
 			return Usage{}, err
@@ -224,7 +270,8 @@ func readResponsesUsage(v []byte) (Usage, error) {
 		case "output_tokens":
 			err = countField(&u.OutputTokens, m.key, val)
 		case "input_tokens_details":
-			err = readNested(m.key, val, []string{"cached_tokens"}, []*int{&u.CachedInputTokens})
+			err = readNested(m.key, val, []string{"cached_tokens", "cache_write_tokens", "audio_tokens"},
+				[]*int{&u.CachedInputTokens, &u.CacheCreationInputTokens, &u.AudioInputTokens})
 		case "output_tokens_details":
 			err = readNested(m.key, val, []string{"reasoning_tokens"}, []*int{&u.ReasoningTokens})
 		}
@@ -236,9 +283,15 @@ func readResponsesUsage(v []byte) (Usage, error) {
 }
 
 // anthropicUsage is Anthropic's usage as sent: input_tokens excludes both
-// cache counts, and a stream reports it in two parts.
+// cache counts, and a stream reports it in two parts. cache_creation splits
+// the cache writes by retention.
 type anthropicUsage struct {
 	input, output, cacheCreation, cacheRead int
+	// written5m and written1h are cache_creation's
+	// ephemeral_5m_input_tokens and ephemeral_1h_input_tokens.
+	written5m, written1h int
+	// speed is "fast" for a request served in fast mode.
+	speed string
 }
 
 // overlay sets the fields present and non-null in the usage object v, as a
@@ -260,6 +313,15 @@ func (a *anthropicUsage) overlay(v []byte) error {
 			dst = &a.cacheCreation
 		case "cache_read_input_tokens":
 			dst = &a.cacheRead
+		case "cache_creation":
+			if err := readNested(m.key, val, []string{"ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"},
+				[]*int{&a.written5m, &a.written1h}); err != nil {
+				return err
+			}
+		case "speed":
+			if !isNull(val) {
+				a.speed = shortString(val)
+			}
 		}
 		if dst == nil || isNull(val) {
 			continue
@@ -272,11 +334,20 @@ func (a *anthropicUsage) overlay(v []byte) error {
 }
 
 func (a anthropicUsage) usage() Usage {
+	// cache_creation_input_tokens is the sum of the split; a split that
+	// says more than the sum is billed as the split says.
+	written := max(a.cacheCreation, a.written5m+a.written1h)
+	var tier billing.Tier
+	if a.speed != "" {
+		tier = billing.Anthropic(a.speed)
+	}
 	return Usage{
-		InputTokens:              a.input + a.cacheCreation + a.cacheRead,
-		OutputTokens:             a.output,
-		CachedInputTokens:        a.cacheRead,
-		CacheCreationInputTokens: a.cacheCreation,
+		ServiceTier:                      tier,
+		InputTokens:                      a.input + written + a.cacheRead,
+		OutputTokens:                     a.output,
+		CachedInputTokens:                a.cacheRead,
+		CacheCreationInputTokens:         written,
+		CacheCreationExtendedInputTokens: a.written1h,
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tokengate/tokengate/internal/billing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -143,4 +145,87 @@ func FuzzParseUsage(f *testing.F) {
 			t.Fatalf("read usage %+v from invalid JSON %q", u, body)
 		}
 	})
+}
+
+// TestBillingFieldsOfRecordings reads what decides the rates a response
+// is billed at, beyond its token counts: the service tier the answer names
+// (OpenAI service_tier, in JSON bodies, chat chunks and Responses objects),
+// audio tokens, and the retention of cache writes. Recordings first, then
+// synthetic bodies for shapes no recording holds (an Anthropic 1-hour cache
+// write, fast mode, a Responses cache write with the 24h retention).
+func TestBillingFieldsOfRecordings(t *testing.T) {
+	type fields struct {
+		Tier              billing.Tier
+		Written, Extended int
+		AudioIn, AudioOut int
+	}
+	of := func(u Usage) fields {
+		return fields{u.ServiceTier, u.CacheCreationInputTokens, u.CacheCreationExtendedInputTokens, u.AudioInputTokens, u.AudioOutputTokens}
+	}
+	recorded := map[string]fields{
+		"openai/chat-basic":                       {Tier: billing.Standard},
+		"openai/chat-audio-output":                {Tier: billing.Standard, AudioOut: 12},
+		"openai/responses-stream-reasoning-usage": {Tier: billing.Flex},
+		"openai/responses-stream-basic":           {Tier: billing.Standard},
+		"openai/chat-stream-gpt-4o-mini":          {Tier: billing.Standard},
+		"anthropic/messages-cache-write-and-read": {Written: 418},
+	}
+	seen := 0
+	for _, r := range loadRecordings(t) {
+		want, ok := recorded[r.name]
+		if !ok {
+			continue
+		}
+		seen++
+		var u Usage
+		if r.sse {
+			rp := play(r.api, true, false, r.body, nil)
+			u, ok = rp.Usage, rp.HasUsage
+		} else {
+			var err error
+			if u, ok, err = ParseUsage(r.api, r.body); err != nil {
+				t.Fatalf("%s: %v", r.name, err)
+			}
+		}
+		if !ok {
+			t.Fatalf("%s: no usage", r.name)
+		}
+		if diff := cmp.Diff(want, of(u)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", r.name, diff)
+		}
+	}
+	if seen != len(recorded) {
+		t.Errorf("found %d of the %d recordings", seen, len(recorded))
+	}
+
+	anthropic := `"usage":{"input_tokens":5,"cache_creation_input_tokens":2500,"cache_read_input_tokens":0,` +
+		`"cache_creation":{"ephemeral_5m_input_tokens":500,"ephemeral_1h_input_tokens":2000},"output_tokens":1,"speed":"fast"}`
+	u, _, err := ParseUsage(tokenizer.Messages, []byte(`{"type":"message",`+anthropic+`}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(fields{Tier: billing.Fast, Written: 2500, Extended: 2000}, of(u)); diff != "" {
+		t.Errorf("anthropic JSON (-want +got):\n%s", diff)
+	}
+	if u.InputTokens != 2505 {
+		t.Errorf("anthropic JSON input %d, want 2505 (cache writes included)", u.InputTokens)
+	}
+	// In a stream message_start has the split; message_delta's usage
+	// overlays it without one.
+	stream := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{" + anthropic + "}}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":9}}\n\n"
+	rp := play(tokenizer.Messages, false, false, []byte(stream), nil)
+	if diff := cmp.Diff(fields{Tier: billing.Fast, Written: 2500, Extended: 2000}, of(rp.Usage)); diff != "" || rp.Usage.OutputTokens != 9 {
+		t.Errorf("anthropic stream: output %d (-want +got):\n%s", rp.Usage.OutputTokens, diff)
+	}
+
+	responses := `{"object":"response","service_tier":"priority","prompt_cache_retention":"24h",` +
+		`"usage":{"input_tokens":4020,"input_tokens_details":{"cache_write_tokens":4000,"cached_tokens":0},"output_tokens":5}}`
+	u, _, err = ParseUsage(tokenizer.Responses, []byte(responses))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(fields{Tier: billing.Fast, Written: 4000, Extended: 4000}, of(u)); diff != "" {
+		t.Errorf("responses (-want +got):\n%s", diff)
+	}
 }
