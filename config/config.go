@@ -56,13 +56,19 @@ type Config struct {
 }
 
 // UsageBound is what usage a provider may report before tokengate charges
-// the bound instead (S8): a prompt of at most the counted prompt × Margin +
-// Slack; an output of at most the request's cap (all choices) + Slack, or,
-// without a cap, the larger of the allowance and the live count × Margin +
-// Slack. Omitted fields take the defaults, 4 and 4096.
+// the bound instead (S8), by what the model can do: a prompt of at most
+// Margin × the model's context window + Slack, an output of at most Margin
+// × its maximum output (or the request's cap, when lower) × its choices +
+// Slack; never below what the request was counted and reserved at. The
+// model's limits come from the price table's model entries
+// (pricing.models[].context_window, max_output_tokens); a model without
+// them has ContextWindow and tokenizer.max_output_tokens. Margin covers
+// server-side tool loops, several calls of the model in one request.
+// Omitted fields take the defaults: 4, 4096 and 2,000,000.
 type UsageBound struct {
-	Margin *float64 `yaml:"margin"`
-	Slack  *int     `yaml:"slack"`
+	Margin        *float64 `yaml:"margin"`
+	Slack         *int     `yaml:"slack"`
+	ContextWindow int      `yaml:"context_window"`
 }
 
 // Prices returns the price table of the configuration's pricing section,
@@ -458,6 +464,9 @@ func (c *Config) applyDefaults() {
 	if c.UsageBound.Slack == nil {
 		s := 4096
 		c.UsageBound.Slack = &s
+	}
+	if c.UsageBound.ContextWindow == 0 {
+		c.UsageBound.ContextWindow = 2_000_000
 	}
 	if c.Store.Type == "" {
 		c.Store.Type = "memory"

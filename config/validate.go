@@ -298,10 +298,13 @@ func (v *validator) validateListeners(l *Listeners) {
 // validateUsageBound checks the bound on reported usage.
 func (v *validator) validateUsageBound(u *UsageBound) {
 	if m := *u.Margin; !finite(m) || m < 1 {
-		v.add("usage_bound.margin", "must be a number of at least 1 (reported usage up to margin × what was counted), got %v", m)
+		v.add("usage_bound.margin", "must be a number of at least 1 (reported usage up to margin × what the model can do), got %v", m)
 	}
 	if s := *u.Slack; s < 1 {
-		v.add("usage_bound.slack", "must be at least 1 (tokens allowed beyond margin × what was counted), got %d", s)
+		v.add("usage_bound.slack", "must be at least 1 (tokens allowed beyond margin × what the model can do), got %d", s)
+	}
+	if w := u.ContextWindow; w < 1 {
+		v.add("usage_bound.context_window", "must be at least 1 (the context window of a model the price table gives none for, in tokens), got %d", w)
 	}
 }
 

@@ -73,16 +73,23 @@ type Config struct {
 	// RESOURCE_EXHAUSTED (Envoy answers its status_on_error, or, failing
 	// open, passes the request unmetered). Default 10000.
 	MaxStreams int
-	// UsageMargin and UsageSlack bound the usage a provider may report for
-	// a request: a prompt of at most the counted prompt × UsageMargin +
-	// UsageSlack; an output of at most the request's output cap (all
-	// choices, extensions included) + UsageSlack, or, without a cap, the
-	// larger of the output allowance and the live count × UsageMargin +
-	// UsageSlack. Beyond it the bound is settled (Outcome.UsageClamped), so
-	// that a hostile or broken upstream cannot drive shared buckets to their
-	// floor. Defaults 4 and 4096.
-	UsageMargin float64
-	UsageSlack  int
+	// UsageMargin, UsageSlack, UsageContextWindow and UsageMaxOutputTokens
+	// bound the usage a provider may report for a request by what its
+	// model can do: a prompt of at most UsageMargin × the model's context
+	// window + UsageSlack, an output of at most UsageMargin × its maximum
+	// output × the request's choices + UsageSlack, each never below what
+	// the request was counted and reserved at here. The model's limits come
+	// from Prices (pricing.Price.ContextWindow and MaxOutputTokens); a model
+	// the table does not know, or does not give limits for, has
+	// UsageContextWindow and UsageMaxOutputTokens. The margin covers
+	// server-side tool loops, in which one request calls the model several
+	// times. Beyond the bound it is settled (Outcome.UsageClamped), so that
+	// a hostile or broken upstream cannot drive shared buckets to their
+	// floor. Defaults 4, 4096, 2,000,000 and 2^20.
+	UsageMargin          float64
+	UsageSlack           int
+	UsageContextWindow   int
+	UsageMaxOutputTokens int
 	// Logger receives request-scoped logs. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock for waits and response headers. Default time.Now.
@@ -291,10 +298,14 @@ type ConcurrencyRule struct {
 	Lease time.Duration // how long a slot lives if never released; default 10m
 }
 
-// Defaults of Config.UsageMargin and Config.UsageSlack.
+// Defaults of the usage bound (Config.UsageMargin and the others). The
+// context window is the largest of any model served today (Gemini 1.5
+// Pro's 2M); the output is the tokenizer's largest output cap.
 const (
-	defaultUsageMargin = 4
-	defaultUsageSlack  = 4096
+	defaultUsageMargin          = 4
+	defaultUsageSlack           = 4096
+	defaultUsageContextWindow   = 2_000_000
+	defaultUsageMaxOutputTokens = 1 << 20
 )
 
 // unknownPolicy stands in Outcome.Policy for a policy name that the route
@@ -348,6 +359,12 @@ func (c *Config) normalize() error {
 	}
 	if c.UsageSlack <= 0 {
 		c.UsageSlack = defaultUsageSlack
+	}
+	if c.UsageContextWindow <= 0 {
+		c.UsageContextWindow = defaultUsageContextWindow
+	}
+	if c.UsageMaxOutputTokens <= 0 {
+		c.UsageMaxOutputTokens = defaultUsageMaxOutputTokens
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -39,7 +39,7 @@ type charge struct {
 //     or the count before the event when that is more;
 //   - not streamed and no usage reported: the reservation stands.
 //
-// Reported usage is bounded by what the request makes plausible (see
+// Reported usage is bounded by what the model can do (see
 // Config.UsageMargin).
 func (p *processor) settlement() charge {
 	in, live := p.req.count.InputTokens, int(p.st.output.Load())
@@ -84,20 +84,12 @@ func (p *processor) settlement() charge {
 	return charge{actual: p.reservedTokens(), outcome: outcome, standing: true}
 }
 
-// usageCharge charges reported usage, bounded by what the request makes
-// plausible: the provider knows best what it billed, but not more than the
-// request could have cost, or one broken or hostile answer would drive the
-// shared buckets to their floor.
+// usageCharge charges reported usage, bounded by what the model can do
+// (usageBound): the provider knows best what it billed, but not more than
+// the request could have cost, or one broken or hostile answer would drive
+// the shared buckets to their floor.
 func (p *processor) usageCharge(u provider.Usage, outcome string) charge {
-	cfg := &p.s.cfg
-	c := p.req.count
-	bound := provider.Usage{InputTokens: scaled(c.InputTokens, cfg.UsageMargin, cfg.UsageSlack)}
-	spent := p.req.allowance + p.st.extended
-	if c.OutputCap > 0 {
-		bound.OutputTokens = max(c.OutputCap*max(1, c.Choices), spent) + cfg.UsageSlack
-	} else {
-		bound.OutputTokens = scaled(max(spent, int(p.st.output.Load())), cfg.UsageMargin, cfg.UsageSlack)
-	}
+	bound := p.usageBound()
 	ch := charge{outcome: outcome, reported: u, bound: bound}
 	if u.InputTokens > bound.InputTokens {
 		u.InputTokens, ch.clamped = bound.InputTokens, true
@@ -107,12 +99,6 @@ func (p *processor) usageCharge(u provider.Usage, outcome string) charge {
 	}
 	ch.actual, ch.usage = u.Total(), u
 	return ch
-}
-
-// scaled is n × margin + slack, saturating at a count no request reaches.
-func scaled(n int, margin float64, slack int) int {
-	const most = 1 << 40
-	return int(min(float64(n)*margin+float64(slack), most))
 }
 
 // settle settles the reservation exactly once, under a context that is not

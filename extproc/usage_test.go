@@ -78,15 +78,16 @@ func TestAbortedStreamChargesLiveCountOverEarlyUsage(t *testing.T) {
 	}
 }
 
-// A reported usage beyond what the request makes plausible is settled at the
-// bound: prompt at most the counted prompt × UsageMargin + UsageSlack,
-// output at most the request's cap (with extensions) + UsageSlack, or, with
-// no cap, the larger of allowance and live count × UsageMargin + UsageSlack.
-// The outcome says so (for the metric), and a warning names the numbers and
-// nothing of the request.
+// A reported usage beyond what the model can do is settled at the bound:
+// prompt at most UsageMargin × the model's context window + UsageSlack,
+// output at most UsageMargin × its maximum output (or the request's cap,
+// when lower) × choices + UsageSlack, never below what was counted here.
+// Model "m" is in no table: the defaults bound it. The outcome says so (for
+// the metric), and a warning names the numbers and nothing of the request.
 func TestImplausibleUsageSettlesTheBound(t *testing.T) {
 	const capacity = 1e6
-	promptBound := 10*defaultUsageMargin + defaultUsageSlack
+	promptBound := defaultUsageContextWindow*defaultUsageMargin + defaultUsageSlack
+	outputBound := defaultUsageMaxOutputTokens*defaultUsageMargin + defaultUsageSlack
 	for _, tc := range []struct {
 		name     string
 		body     string
@@ -99,10 +100,10 @@ func TestImplausibleUsageSettlesTheBound(t *testing.T) {
 			promptBound + 20},
 		{"output beyond the cap", `{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"secret prompt"}]}`,
 			[]byte(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1000000,"total_tokens":1000010}}`), false,
-			10 + 50 + defaultUsageSlack},
-		{"uncapped stream claiming far more than it sent", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"secret prompt"}]}`,
-			streamOf(append(words(5), `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":900000,"total_tokens":900010}}`)...), true,
-			10 + 100*defaultUsageMargin + defaultUsageSlack}, // the fake's allowance is 100
+			10 + 50*defaultUsageMargin + defaultUsageSlack},
+		{"uncapped stream claiming 2^53-1 output tokens", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"secret prompt"}]}`,
+			streamOf(append(words(5), `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":9007199254740991,"total_tokens":9007199254741001}}`)...), true,
+			10 + outputBound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ct := "application/json"

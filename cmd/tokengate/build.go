@@ -193,19 +193,21 @@ func newCounter(cfg *config.Config) (*tokenizer.Counter, error) {
 // serverConfig maps a validated configuration onto the server's plain data.
 func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Counter, logger *slog.Logger) (extproc.Config, error) {
 	sc := extproc.Config{
-		DefaultPolicy:     cfg.DefaultPolicy,
-		PolicyMetadataKey: cfg.PolicyMetadataKey,
-		Store:             store,
-		Counter:           counter,
-		Prices:            cfg.Prices(),
-		Namespace:         cfg.Namespace,
-		MaxBodyBytes:      cfg.Listeners.MaxRecvMsgBytes,
-		MaxStreams:        cfg.Listeners.MaxStreams,
-		StreamIdleTimeout: cfg.Listeners.StreamIdleTimeout,
-		MaxEventBytes:     cfg.Listeners.MaxEventBytes,
-		UsageMargin:       *cfg.UsageBound.Margin,
-		UsageSlack:        *cfg.UsageBound.Slack,
-		Logger:            logger,
+		DefaultPolicy:        cfg.DefaultPolicy,
+		PolicyMetadataKey:    cfg.PolicyMetadataKey,
+		Store:                store,
+		Counter:              counter,
+		Prices:               cfg.Prices(),
+		Namespace:            cfg.Namespace,
+		MaxBodyBytes:         cfg.Listeners.MaxRecvMsgBytes,
+		MaxStreams:           cfg.Listeners.MaxStreams,
+		StreamIdleTimeout:    cfg.Listeners.StreamIdleTimeout,
+		MaxEventBytes:        cfg.Listeners.MaxEventBytes,
+		UsageMargin:          *cfg.UsageBound.Margin,
+		UsageSlack:           *cfg.UsageBound.Slack,
+		UsageContextWindow:   cfg.UsageBound.ContextWindow,
+		UsageMaxOutputTokens: cfg.Tokenizer.MaxOutputTokens,
+		Logger:               logger,
 	}
 	policies, err := policies(cfg)
 	sc.Policies = policies

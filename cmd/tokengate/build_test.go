@@ -70,16 +70,17 @@ policies:
 func TestServerConfigStreamBounds(t *testing.T) {
 	for _, tc := range []struct {
 		yaml string
-		want [5]any
+		want [7]any
 	}{
 		{`
 listeners: {max_streams: 7, stream_idle_timeout: 90s, max_event_bytes: 131072}
-usage_bound: {margin: 2, slack: 100}
+usage_bound: {margin: 2, slack: 100, context_window: 500000}
+tokenizer: {max_output_tokens: 200000}
 policies: [{name: p, buckets: [{name: g, tokens_per_minute: 600}]}]
-`, [5]any{7, 90 * time.Second, 131072, 2.0, 100}},
+`, [7]any{7, 90 * time.Second, 131072, 2.0, 100, 500000, 200000}},
 		{`
 policies: [{name: p, buckets: [{name: g, tokens_per_minute: 600}]}]
-`, [5]any{10000, 10 * time.Minute, 4 << 20, 4.0, 4096}},
+`, [7]any{10000, 10 * time.Minute, 4 << 20, 4.0, 4096, 2_000_000, 1 << 20}},
 	} {
 		cfg, err := config.Parse("t.yaml", []byte(tc.yaml))
 		if err != nil {
@@ -89,9 +90,9 @@ policies: [{name: p, buckets: [{name: g, tokens_per_minute: 600}]}]
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := [5]any{sc.MaxStreams, sc.StreamIdleTimeout, sc.MaxEventBytes, sc.UsageMargin, sc.UsageSlack}
+		got := [7]any{sc.MaxStreams, sc.StreamIdleTimeout, sc.MaxEventBytes, sc.UsageMargin, sc.UsageSlack, sc.UsageContextWindow, sc.UsageMaxOutputTokens}
 		if got != tc.want {
-			t.Errorf("%s: max_streams, stream_idle_timeout, max_event_bytes, margin, slack = %v, want %v", tc.yaml, got, tc.want)
+			t.Errorf("%s: max_streams, stream_idle_timeout, max_event_bytes, margin, slack, context window, max output = %v, want %v", tc.yaml, got, tc.want)
 		}
 	}
 }
