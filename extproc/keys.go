@@ -11,6 +11,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -34,6 +35,13 @@ import (
 //
 // Query escaping turns every '!' into "%21", so the reserved forms cannot
 // be reached by any identity value.
+//
+// A quota of money is keyed by its currency too, "!" and the ISO code after
+// the rule (tg:<policy>:<rule>!USD:<identity>): its spend is micro-units of
+// that currency, a quota of tokens' is tokens, and the store keeps a number
+// without its unit. A quota switched between tokens: and cost: (or priced
+// in another currency) starts a spend of its own in the new unit, and finds
+// the old unit's again if switched back, on every store alike.
 const keyPrefix = "tg:"
 
 const (
@@ -54,6 +62,16 @@ func bucketKey(policy, rule, part string) string {
 	b.WriteByte(':')
 	b.WriteString(part)
 	return b.String()
+}
+
+// quotaKey is the store key of a quota: the bucket key of its rule, with
+// the currency of a quota of money after the rule.
+func quotaKey(policy, rule, part string, unit buckets.Unit, currency string) string {
+	if unit == buckets.Money {
+		rule = url.QueryEscape(rule) + "!" + currency
+		return keyPrefix + url.QueryEscape(policy) + ":" + rule + ":" + part
+	}
+	return bucketKey(policy, rule, part)
 }
 
 // identityPart is the key part of an identity value: escaped, or hashed
