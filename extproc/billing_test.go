@@ -235,3 +235,29 @@ func TestAudioTokensPricedAtAudioRates(t *testing.T) {
 		t.Errorf("charged %v; want %v", got, want)
 	}
 }
+
+// OpenAI bills the cache writes of a request with prompt_cache_retention
+// "24h" at the extended rate (gpt-6.2-sol: $5 per million, against $2.50
+// for 30 minutes). A chat answer does not repeat the retention: the
+// request's is read. Synthetic bodies: no recording holds a 24h write.
+func TestOpenAIExtendedCacheWritesPricedAtTheExtendedRate(t *testing.T) {
+	tc := realCounter(t)
+	answer := []byte(`{"id":"c1","object":"chat.completion","model":"gpt-6.2-sol","service_tier":"default","choices":[],` +
+		`"usage":{"prompt_tokens":3000,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":0,"cache_write_tokens":2000}}}`)
+	for _, tt := range []struct {
+		retention string
+		want      float64
+	}{
+		{`"in_memory"`, 1000*2 + 2000*2.5 + 10*10},
+		{`"24h"`, 1000*2 + 2000*5 + 10*10},
+	} {
+		r := moneyRig(t, &upstream{ContentType: "application/json", Chunks: [][]byte{answer}}, rigOptions{tokenizer: tc})
+		body := `{"model":"gpt-6.2-sol","prompt_cache_retention":` + tt.retention + `,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+		if resp, text := r.post(t, chatPath, body, nil); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, text)
+		}
+		if got := charged(t, r.outcome(t)); got != tt.want {
+			t.Errorf("retention %s: charged %v; want %v", tt.retention, got, tt.want)
+		}
+	}
+}
