@@ -261,3 +261,46 @@ func TestOpenAIExtendedCacheWritesPricedAtTheExtendedRate(t *testing.T) {
 		}
 	}
 }
+
+// A request that names no tier, on a project set to fast, is reserved at
+// the fast price where the table has one, and at the standard price where
+// it has none (the provider serves a model at a tier it supports): it is
+// not refused, as a request that asks for fast by name is.
+func TestAutoTierWithoutAFastPriceReservesStandard(t *testing.T) {
+	tc := realCounter(t)
+	prices, err := pricing.Config{ProjectServiceTier: "fast"}.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"claude-opus-5","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	in := promptTokens(t, tc, "/v1/messages", body)
+	r := moneyRig(t, &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}, rigOptions{tokenizer: tc, prices: prices})
+	// Anthropic requests never leave the tier to a project: standard.
+	if resp, text := r.post(t, "/v1/messages", body, nil); resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, text)
+	}
+	// The dearest input rate is the 1-hour cache write, $10; output $25.
+	if got, want := charged(t, r.outcome(t)), float64(in*10+100*25); got != want {
+		t.Errorf("charged %v; want %v at standard rates", got, want)
+	}
+
+	onlyStandard, err := pricing.Config{ProjectServiceTier: "fast", Defaults: "none",
+		Models: []pricing.Entry{{Model: "gpt-4o-mini", Input: "1", Output: "2"}}}.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = moneyRig(t, &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}, rigOptions{tokenizer: tc, prices: onlyStandard})
+	chat := `{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	in = promptTokens(t, tc, chatPath, chat)
+	if resp, text := r.post(t, chatPath, chat, nil); resp.StatusCode != 200 {
+		t.Fatalf("auto on a fast project without a fast price: %d %s", resp.StatusCode, text)
+	}
+	if got, want := charged(t, r.outcome(t)), float64(in*1+100*2); got != want {
+		t.Errorf("charged %v; want %v at standard rates", got, want)
+	}
+	resp, text := r.post(t, chatPath, `{"model":"gpt-4o-mini","service_tier":"priority","max_tokens":100,"messages":[]}`, nil)
+	if resp.StatusCode != 400 || !strings.Contains(text, "unpriced_model") {
+		t.Errorf("priority by name without a fast price: %d %s; want 400 unpriced_model", resp.StatusCode, text)
+	}
+	r.outcome(t)
+}

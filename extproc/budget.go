@@ -8,6 +8,7 @@ import (
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
+	"github.com/tokengate/tokengate/internal/billing"
 	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
@@ -45,7 +46,14 @@ func (p *processor) priceOf(c tokenizer.Count) (pricing.Price, error) {
 	}
 	tier := p.s.cfg.Prices.TierFor(c.ServiceTier)
 	tp, ok := price.AtTier(tier)
-	if !ok {
+	switch {
+	case !ok && c.ServiceTier == billing.Auto:
+		// The request asks for no tier, and its project's is one the
+		// table has no price of this model at: the provider serves a
+		// model at a tier it supports, and standard is the one every
+		// model has.
+		return price, nil
+	case !ok:
 		return pricing.Price{}, fmt.Errorf("%w %q at service tier %s", pricing.ErrUnpriced, c.Model, tier)
 	}
 	return tp, nil

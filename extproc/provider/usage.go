@@ -337,9 +337,9 @@ func (a anthropicUsage) usage() Usage {
 	// cache_creation_input_tokens is the sum of the split; a split that
 	// says more than the sum is billed as the split says.
 	written := max(a.cacheCreation, a.written5m+a.written1h)
-	var tier billing.Tier
-	if a.speed != "" {
-		tier = billing.Anthropic(a.speed)
+	var tier billing.Tier // "" when the answer names no speed it knows
+	if t := billing.Anthropic(a.speed); a.speed != "" && t != billing.Unknown {
+		tier = t
 	}
 	return Usage{
 		ServiceTier:                      tier,
