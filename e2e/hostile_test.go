@@ -326,13 +326,15 @@ func disconnect(ctx context.Context, t *testing.T, g *gateway, path string, body
 	return exchange{status: resp.StatusCode, header: resp.Header, body: first[:n]}
 }
 
-// Limits of the hostile-upstream gateway: reported usage is bounded by the
-// counted prompt × usageMargin + usageSlack and the cap + usageSlack; one
-// unfinished event may hold maxEvent bytes; a non-streamed body is read for
-// usage up to maxBody bytes.
+// Limits of the hostile-upstream gateway: reported usage is bounded by
+// usageMargin × what the model can do (gpt-4o-mini is in no model table:
+// usageWindow, and the request's cap) + usageSlack; one unfinished event
+// may hold maxEvent bytes; a non-streamed body is read for usage up to
+// maxBody bytes.
 const (
 	usageMargin = 2
 	usageSlack  = 100
+	usageWindow = 1000
 	maxEvent    = 8 << 10
 	maxBody     = 64 << 10
 	upstreamCap = 1e6
@@ -360,7 +362,7 @@ type hostileUpstreamCase struct {
 // send, with the memory store and with Redis, and checks each bucket of the
 // request — the user's and the per-model one that every user shares — to
 // the token afterwards: a usage of 2^53−1 tokens or far beyond the cap is
-// charged at the plausible bound (S8); a stream that ends without its end
+// charged at the bound of what the model can do (S8); a stream that ends without its end
 // charges what was counted over an early, low usage (Anthropic's
 // message_start, Gemini's running usageMetadata); an event without end or
 // a body beyond the bound is forwarded and charged at the reservation; a
@@ -386,11 +388,11 @@ func TestHostileUpstream(t *testing.T) {
 		name: "prompt of 2^53-1 tokens", body: chat(`,"stream":true,"stream_options":{"include_usage":true}`),
 		response:   chunk("Hi") + chunk(" there") + `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":9007199254740991,"completion_tokens":2,"total_tokens":9007199254740993}}` + "\n\ndata: [DONE]\n\n",
 		wantSettle: "complete", clamped: true,
-		want: func(o extproc.Outcome) int { return o.InputTokens*usageMargin + usageSlack + 2 },
+		want: func(o extproc.Outcome) int { return usageWindow*usageMargin + usageSlack + 2 },
 	}, {
 		name: "output far beyond the cap", body: chat(""), contentType: "application/json",
 		response:   `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1000000,"total_tokens":1000009}}`,
-		wantSettle: "complete", clamped: true, want: charged(9, 20+usageSlack),
+		wantSettle: "complete", clamped: true, want: charged(9, 20*usageMargin+usageSlack),
 	}, {
 		name: "anthropic early usage, client leaves", path: "/v1/messages",
 		body:     `{"model":"claude-sonnet-4-5","max_tokens":2000,"stream":true,"messages":[{"role":"user","content":"Say hello"}]}`,
@@ -464,6 +466,7 @@ func hostileUpstream(t *testing.T, store buckets.Store, tc hostileUpstreamCase) 
 		store: led, policies: []extproc.Policy{pol}, upstream: startLLM(t, up),
 		tune: func(c *extproc.Config) {
 			c.UsageMargin, c.UsageSlack, c.MaxEventBytes, c.MaxBodyBytes = usageMargin, usageSlack, maxEvent, maxBody
+			c.UsageContextWindow = usageWindow
 		},
 	})
 	user := strings.ReplaceAll(tc.name, " ", "-")
