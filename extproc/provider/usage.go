@@ -82,19 +82,26 @@ func parseUsage(api tokenizer.API, body []byte) (Usage, bool, error) {
 // answerFields are the members of an OpenAI answer beside its usage that
 // say how its tokens were billed: service_tier, the tier the request was
 // processed in (every chat chunk and Responses object carries it), and
-// prompt_cache_retention (Responses objects echo the request's).
+// prompt_cache_retention (Responses objects echo the request's). They are
+// kept read, not as text: an answer carries them in every event.
 type answerFields struct {
-	tier, retention string
+	tier     billing.Tier // "" when the answer names no tier the table knows
+	extended bool
 }
 
 // read keeps the member key: v if it is one of them, and reports whether it
 // was.
 func (af *answerFields) read(key, v []byte) bool {
+	var buf [maxShortString]byte
 	switch string(key) {
 	case "service_tier":
-		af.tier = shortString(v)
+		af.tier = ""
+		switch t := billing.OpenAI(string(shortString(buf[:0], v))); t {
+		case billing.Standard, billing.Fast, billing.Flex:
+			af.tier = t
+		}
 	case "prompt_cache_retention":
-		af.retention = shortString(v)
+		af.extended = billing.ExtendedRetention(string(shortString(buf[:0], v)))
 	default:
 		return false
 	}
@@ -102,14 +109,13 @@ func (af *answerFields) read(key, v []byte) bool {
 }
 
 // apply marks u's tokens as the fields say they were billed: at the tier
-// the answer names, when it names one the price table knows; every cache
-// write of a request with the longer retention is an extended one.
+// the answer names; every cache write of a request with the longer
+// retention is an extended one.
 func (af answerFields) apply(u *Usage) {
-	switch t := billing.OpenAI(af.tier); t {
-	case billing.Standard, billing.Fast, billing.Flex:
-		u.ServiceTier = t
+	if af.tier != "" {
+		u.ServiceTier = af.tier
 	}
-	if billing.ExtendedRetention(af.retention) {
+	if af.extended {
 		u.CacheCreationExtendedInputTokens = u.CacheCreationInputTokens
 	}
 }
@@ -118,18 +124,18 @@ func (af answerFields) apply(u *Usage) {
 // reads are short names.
 const maxShortString = 64
 
-// shortString is the JSON string v decoded, or "" when v is no string (null
-// included), does not decode or is longer than any value read this way.
-func shortString(v []byte) string {
+// shortString appends the JSON string v decoded to dst, or nothing when v
+// is no string (null included), does not decode or is longer than any
+// value read this way.
+func shortString(dst, v []byte) []byte {
 	if len(v) > maxShortString+2 {
-		return ""
+		return dst
 	}
-	var buf [maxShortString]byte
-	b, err := appendUnquoted(buf[:0], v)
+	b, err := appendUnquoted(dst, v)
 	if err != nil {
-		return ""
+		return dst
 	}
-	return string(b)
+	return b
 }
 
 // parseGeminiArray reads the usage of a streamGenerateContent body sent as a
@@ -290,8 +296,9 @@ type anthropicUsage struct {
 	// written5m and written1h are cache_creation's
 	// ephemeral_5m_input_tokens and ephemeral_1h_input_tokens.
 	written5m, written1h int
-	// speed is "fast" for a request served in fast mode.
-	speed string
+	// speed is the tier the usage's speed names: Fast for a request served
+	// in fast mode; "" when it names none.
+	speed billing.Tier
 }
 
 // overlay sets the fields present and non-null in the usage object v, as a
@@ -319,8 +326,13 @@ func (a *anthropicUsage) overlay(v []byte) error {
 				return err
 			}
 		case "speed":
-			if !isNull(val) {
-				a.speed = shortString(val)
+			if isNull(val) {
+				continue
+			}
+			var buf [maxShortString]byte
+			a.speed = ""
+			if t := billing.Anthropic(string(shortString(buf[:0], val))); t != billing.Unknown {
+				a.speed = t
 			}
 		}
 		if dst == nil || isNull(val) {
@@ -337,12 +349,8 @@ func (a anthropicUsage) usage() Usage {
 	// cache_creation_input_tokens is the sum of the split; a split that
 	// says more than the sum is billed as the split says.
 	written := max(a.cacheCreation, a.written5m+a.written1h)
-	var tier billing.Tier // "" when the answer names no speed it knows
-	if t := billing.Anthropic(a.speed); a.speed != "" && t != billing.Unknown {
-		tier = t
-	}
 	return Usage{
-		ServiceTier:                      tier,
+		ServiceTier:                      a.speed,
 		InputTokens:                      a.input + written + a.cacheRead,
 		OutputTokens:                     a.output,
 		CachedInputTokens:                a.cacheRead,

@@ -219,6 +219,12 @@ func TestBillingFieldsOfRecordings(t *testing.T) {
 		t.Errorf("anthropic stream: output %d (-want +got):\n%s", rp.Usage.OutputTokens, diff)
 	}
 
+	// A speed not known names no tier: settlement keeps the reserved one.
+	u, _, err = ParseUsage(tokenizer.Messages, []byte(`{"usage":{"input_tokens":5,"output_tokens":1,"speed":"warp"}}`))
+	if err != nil || u.ServiceTier != "" {
+		t.Errorf("unknown speed: tier %q, %v; want none", u.ServiceTier, err)
+	}
+
 	responses := `{"object":"response","service_tier":"priority","prompt_cache_retention":"24h",` +
 		`"usage":{"input_tokens":4020,"input_tokens_details":{"cache_write_tokens":4000,"cached_tokens":0},"output_tokens":5}}`
 	u, _, err = ParseUsage(tokenizer.Responses, []byte(responses))
