@@ -32,8 +32,10 @@ var defaults = sync.OnceValue(func() *Table {
 })
 
 // Defaults is the shipped price table (prices.yaml in this package): the
-// standard-tier prices of current OpenAI and Anthropic models in USD, each
-// with the page and day it was read. It refuses unknown models.
+// prices of current OpenAI and Anthropic models in USD, at the standard
+// tier and, where a page gives them, OpenAI's fast and flex tiers, with
+// each model's limits, each entry with the page and day it was read. It
+// refuses unknown models.
 func Defaults() *Table { return defaults() }
 
 // parseShipped decodes the shipped table strictly (unknown keys, a second

@@ -1,8 +1,10 @@
 // Package pricing turns the tokens a request used into money: a price table
-// per model (input, cached input, cache writes, output, reasoning, per
-// million tokens, with an optional long-context tier), shipped defaults for
-// current OpenAI and Anthropic models with the page and day each price was
-// read, and the configuration types that override and extend them.
+// per model and service tier (input, cached input, cache writes of each
+// retention, audio, output, reasoning, per million tokens, with an optional
+// long-context band), kept with what each model can do (its context window
+// and maximum output), shipped defaults for current OpenAI and Anthropic
+// models with the page and day each price was read, and the configuration
+// types that override and extend them.
 //
 // Money is integer micro-units of the table's currency (Micros; 1 USD is
 // 1,000,000) and prices are integer micro-units per million tokens (Rate),
@@ -21,6 +23,8 @@
 // configured fallback: the operator chooses (Config.UnknownModels).
 //
 // Most callers build a Table from Config.Table once, then call
-// Table.Resolve per request, Price.MaxCost to reserve before forwarding and
-// Price.Cost to settle the provider's reported usage.
+// Table.Resolve per request and Price.AtTier with the tier the request asks
+// for (Table.TierFor), Price.MaxCost to reserve before forwarding, and
+// Price.Cost at the tier the answer names to settle the provider's reported
+// usage.
 package pricing

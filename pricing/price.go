@@ -20,7 +20,8 @@ type Rates struct {
 	// default retention (Anthropic 5-minute cache writes, OpenAI 30-minute).
 	CacheWrite Rate
 	// CacheWriteExtended is an input token written to the prompt cache with
-	// the longer retention (Anthropic 1-hour, OpenAI 12-hour).
+	// the longer retention (Anthropic 1-hour; OpenAI's, which its pages
+	// call 12-hour and requests name prompt_cache_retention "24h").
 	CacheWriteExtended Rate
 	// Output is an output token that is not reasoning.
 	Output Rate
