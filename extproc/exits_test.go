@@ -180,31 +180,9 @@ func TestClientHangsUpBeforeForwardingPaysNothing(t *testing.T) {
 		}
 	})
 	t.Run("while waiting for tokens", func(t *testing.T) {
-		h := newHeldUpstream()
-		pol := exitPolicy(t)
-		pol.Quotas, pol.MaxWait, pol.MaxQueue = nil, 5*time.Second, 1
-		pol.Buckets[0].Limit = buckets.Limit{Capacity: 100, Rate: 10}
-		r := newRig(t, nil, rigOptions{policies: []Policy{pol}, upstream: h, maxMsgTimeout: 10 * time.Second})
-		// Another gateway's request holds 90 of the 100 tokens: this one,
-		// of 20, waits about a second for the 10 it lacks.
-		b := buckets.Bucket{Name: "g", Key: bucketKey("p", "g", globalPart), Limit: pol.Buckets[0].Limit}
-		if d, err := r.store.inner.Reserve(context.Background(), buckets.Request{ID: "other", Cost: 90, Buckets: []buckets.Bucket{b}}); err != nil || !d.OK {
-			t.Fatalf("reserving 90: %+v, %v", d, err)
-		}
+		r, h := waitingRig(t)
 		leave, done := startRequest(r, `{"model":"m","max_tokens":10,"messages":[]}`)
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			r.store.mu.Lock()
-			n := len(r.store.reserved)
-			r.store.mu.Unlock()
-			if n > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the request reserved nothing within 5s")
-			}
-			time.Sleep(time.Millisecond) // polling a deadline
-		}
+		r.awaitReserved(t)
 		leave()
 		r.streamGone(t)
 		<-done
@@ -219,6 +197,66 @@ func TestClientHangsUpBeforeForwardingPaysNothing(t *testing.T) {
 			t.Error("the upstream got a request whose client left while it waited")
 		}
 	})
+}
+
+// waitingRig is a rig whose bucket has 10 of its 100 tokens left, refilling
+// 10 a second, and whose policy lets a request wait 5s for its tokens: a
+// request of 20 waits about a second.
+func waitingRig(t *testing.T) (*rig, *heldUpstream) {
+	t.Helper()
+	h := newHeldUpstream()
+	pol := exitPolicy(t)
+	pol.Quotas, pol.MaxWait, pol.MaxQueue = nil, 5*time.Second, 1
+	pol.Buckets[0].Limit = buckets.Limit{Capacity: 100, Rate: 10}
+	r := newRig(t, nil, rigOptions{policies: []Policy{pol}, upstream: h, maxMsgTimeout: 10 * time.Second})
+	// Another gateway's request holds 90 of the 100 tokens.
+	b := buckets.Bucket{Name: "g", Key: bucketKey("p", "g", globalPart), Limit: pol.Buckets[0].Limit}
+	if d, err := r.store.inner.Reserve(context.Background(), buckets.Request{ID: "other", Cost: 90, Buckets: []buckets.Bucket{b}}); err != nil || !d.OK {
+		t.Fatalf("reserving 90: %+v, %v", d, err)
+	}
+	return r, h
+}
+
+// awaitReserved polls until the rig's store has made a reservation.
+func (r *rig) awaitReserved(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r.store.mu.Lock()
+		n := len(r.store.reserved)
+		r.store.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request reserved nothing within 5s")
+		}
+		time.Sleep(time.Millisecond) // polling, with the deadline above
+	}
+}
+
+// S8: shutdown past its grace settles a request still waiting for its
+// tokens at nothing, and the request is then not forwarded: nothing backs
+// it any more.
+func TestShutdownWhileWaitingForTokensForwardsNothing(t *testing.T) {
+	r, h := waitingRig(t)
+	_, done := startRequest(r, `{"model":"m","max_tokens":10,"messages":[]}`)
+	r.awaitReserved(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.srv.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown returned nil while a request was open")
+	}
+	<-done
+	if o := r.outcome(t); o.SettleOutcome != "shutdown" || o.Settled != 0 {
+		t.Errorf("outcome %+v, want settled at nothing at shutdown", o)
+	}
+	if got := r.store.settlements(t); len(got) != 1 || got[0] != 0 {
+		t.Errorf("settlements %v, want the reservation settled once at 0", got)
+	}
+	if len(h.received) != 0 {
+		t.Error("the upstream got a request whose reservation shutdown had settled")
+	}
 }
 
 // S8: shutdown past its grace settles a request still waiting for its
@@ -375,6 +413,67 @@ func TestCutOffReportsTheProvidersPromptAndLogsTheSettledOutput(t *testing.T) {
 			if logged == nil || logged.Output != 21 || logged.Settled != tc.settled {
 				t.Errorf("request finished logged %+v, want 21 output tokens of %d settled:\n%s", logged, tc.settled, logs.String())
 			}
+		})
+	}
+}
+
+// S8: a side stream on which Envoy sends nothing for StreamIdleTimeout is
+// ended, and its request settled as the exit it then is: a stream as
+// aborted (the prompt and what was counted), a request still waiting for
+// its non-streamed answer as unanswered (its reservation).
+func TestStreamIdleTimeoutSettlesByTheExitRule(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	t.Run("mid-stream", func(t *testing.T) {
+		u := &upstream{Chunks: [][]byte{sse(words(3)...)}, Hang: true}
+		pol := exitPolicy(t)
+		pol.Quotas = nil
+		r := newRig(t, u, rigOptions{policies: []Policy{pol}, idleTimeout: idle})
+		_, done := startRequest(r, `{"model":"m","stream":true,"max_tokens":50,"messages":[]}`)
+		<-done // Envoy resets the response when its side stream fails
+		if o := r.outcome(t); o.SettleOutcome != "aborted" || o.Output != 3 || o.Settled != 10+3 {
+			t.Errorf("outcome %+v, want aborted with the prompt and 3 counted settled", o)
+		}
+		checkExit(t, r, pol, 13, 0)
+	})
+	t.Run("waiting for a non-streamed answer", func(t *testing.T) {
+		h := newHeldUpstream()
+		pol := exitPolicy(t)
+		pol.Quotas = nil
+		r := newRig(t, nil, rigOptions{policies: []Policy{pol}, upstream: h, idleTimeout: idle})
+		r.post(t, chatPath, `{"model":"m","max_tokens":50,"messages":[]}`, nil)
+		if o := r.outcome(t); o.SettleOutcome != "no_response" || o.Settled != 60 {
+			t.Errorf("outcome %+v, want no_response with the reservation of 60 settled", o)
+		}
+		checkExit(t, r, pol, 60, 0)
+	})
+}
+
+// S8: answers that end are charged by the usage they report: a complete
+// JSON answer its usage, one without usage its reservation; an upstream
+// error status the usage it reported, else nothing.
+func TestAnswersChargeTheUsageTheyReport(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		status  int
+		body    string
+		outcome string
+		settled int
+	}{
+		{"complete with usage", 200, `{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}`, "complete", 42},
+		{"complete without usage", 200, `{"choices":[]}`, "complete", 60},
+		{"upstream error with usage", 500, `{"error":{"message":"boom"},"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}`, "upstream_error", 15},
+		{"upstream error without usage", 500, `{"error":{"message":"boom"}}`, "upstream_error", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := &upstream{Status: tc.status, ContentType: "application/json", Chunks: [][]byte{[]byte(tc.body)}}
+			pol := exitPolicy(t)
+			pol.Quotas = nil
+			r := newRig(t, u, rigOptions{policies: []Policy{pol}})
+			r.post(t, chatPath, `{"model":"m","max_tokens":50,"messages":[]}`, nil)
+			if o := r.outcome(t); o.SettleOutcome != tc.outcome || o.Settled != tc.settled {
+				t.Errorf("outcome %+v, want %s with %d settled", o, tc.outcome, tc.settled)
+			}
+			checkExit(t, r, pol, tc.settled, 0)
 		})
 	}
 }

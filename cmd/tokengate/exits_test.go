@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -283,4 +286,66 @@ func TestShutdownChargesInFlightNonStreamedTheReservation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Every row of docs/budgets.md's table of exits names the tests that prove
+// its rule, and every test it names exists, so the table cannot outlive
+// them.
+func TestExitsTableNamesExistingTests(t *testing.T) {
+	section := readMarkdown(t, filepath.Join(repoRoot, "docs", "budgets.md")).sections["Every exit of a request"]
+	tests := repoTests(t)
+	rows := 0
+	for line := range strings.Lines(section) {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| exit ") || strings.HasPrefix(line, "| ---") {
+			continue
+		}
+		rows++
+		cells := strings.Split(strings.TrimSpace(line), " | ")
+		names := testNameRE.FindAllStringSubmatch(cells[len(cells)-1], -1)
+		if len(names) == 0 {
+			t.Errorf("row names no test: %s", line)
+		}
+		for _, n := range names {
+			if !tests[n[1]] {
+				t.Errorf("row names %s, which no test file defines: %s", n[1], line)
+			}
+		}
+	}
+	if rows < 20 {
+		t.Errorf("the table of exits has %d rows, want every exit", rows)
+	}
+}
+
+var (
+	testNameRE = regexp.MustCompile("`(Test[A-Za-z0-9_]+)`")
+	testFuncRE = regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]+)\(t \*testing\.T\)`)
+)
+
+// repoTests is the set of test functions the repository's _test.go files
+// define.
+func repoTests(t *testing.T) map[string]bool {
+	t.Helper()
+	tests := map[string]bool{}
+	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata"):
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range testFuncRE.FindAllStringSubmatch(string(b), -1) {
+			tests[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tests
 }
