@@ -13,8 +13,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -342,24 +340,12 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			p.done = true
 			return nil // the client left while waiting; finish refunds the reservation
 		}
-		if p.abandoned() {
-			// Shutdown settled the reservation while the request waited:
-			// nothing backs it any more.
-			return status.Error(codes.Unavailable, "tokengate is shutting down")
-		}
 	}
 	if p.ctx.Err() != nil {
 		p.done = true
 		return nil // the client left while its tokens were reserved; finish refunds them
 	}
 	return p.forward(p.rewrite(canRewrite), p.metadata(false), send)
-}
-
-// abandoned reports whether Shutdown settled the reservation.
-func (p *processor) abandoned() bool {
-	p.st.mu.Lock()
-	defer p.st.mu.Unlock()
-	return p.st.settled
 }
 
 // reserve asks the store for cost tokens from every bucket of the policy's

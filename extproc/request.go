@@ -3,6 +3,8 @@ package extproc
 import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tokengate/tokengate/tokenizer"
@@ -184,9 +186,17 @@ func (p *processor) forward(body []byte, md *structpb.Struct, send sendFunc) err
 // that it was forwarded (S8): from then on the provider has it, and bills
 // it. The note comes first, so that a Shutdown settling meanwhile charges
 // what the provider is about to get, and is taken back when the answer
-// cannot be sent: Envoy never got it.
+// cannot be sent: Envoy never got it. A reservation Shutdown has settled
+// already (while the request waited for its tokens) backs nothing: the
+// request is not let on.
 func (p *processor) letOn(answer func() error) error {
-	p.seeing(func(s *progress) { s.forwarded = true })
+	p.st.mu.Lock()
+	abandoned := p.st.settled
+	p.st.seen.forwarded = !abandoned
+	p.st.mu.Unlock()
+	if abandoned {
+		return status.Error(codes.Unavailable, "tokengate is shutting down")
+	}
 	err := answer()
 	if err != nil {
 		p.seeing(func(s *progress) { s.forwarded = false })
