@@ -360,7 +360,7 @@ func TestScenario18Upstream429(t *testing.T) {
 // end after it let the request on and before any answer, as when a client
 // hangs up then. It cannot tell the two apart, and charges both as a
 // hang-up (S8): a non-streamed request keeps its reservation, a stream pays
-// its prompt. The reservation is settled once, its slot given back.
+// its prompt. Each reservation is settled once.
 func TestScenario19UpstreamConnectFailure(t *testing.T) {
 	r := newRig(t, nil, rigOptions{upURL: "http://127.0.0.1:1"})
 	resp, _ := r.post(t, chatPath, `{"model":"m","max_tokens":10,"messages":[]}`, nil)
