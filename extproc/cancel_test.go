@@ -105,7 +105,7 @@ func startRequest(r *rig, body string) (cancel func(), done <-chan struct{}) {
 // A client that leaves while its reservation is being made is not a store
 // failure (S21): the reservation is made on a context of its own, so the
 // store never sees the client's cancellation, and it is then given back in
-// full (no answer came, S8), exactly once.
+// full (never forwarded, S8), exactly once.
 func TestClientCancelDuringReserveIsNoStoreError(t *testing.T) {
 	gs := newGateStore(true, false)
 	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
@@ -120,8 +120,8 @@ func TestClientCancelDuringReserveIsNoStoreError(t *testing.T) {
 	if o.Decision == "store_error" {
 		t.Fatalf("outcome %+v: a client's cancellation was reported as a store error", o)
 	}
-	if o.Decision != "admitted" || o.SettleOutcome != "no_response" || o.Settled != 0 {
-		t.Errorf("outcome %+v, want admitted, then settled 0 as no_response", o)
+	if o.Decision != "admitted" || o.SettleOutcome != "not_forwarded" || o.Settled != 0 {
+		t.Errorf("outcome %+v, want admitted, then settled 0 as not_forwarded", o)
 	}
 	if got := r.store.settlements(t); len(got) != 1 {
 		t.Errorf("settlements %v, want the one reservation settled once", got)

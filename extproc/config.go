@@ -123,7 +123,8 @@ type Outcome struct {
 	Output      int // output tokens counted live
 	Settled     int // tokens charged at settlement
 	// SettleOutcome: complete, aborted, cut_off, upstream_error,
-	// no_response, shutdown; empty when nothing was reserved.
+	// no_response (forwarded, never answered), not_forwarded, shutdown;
+	// empty when nothing was reserved.
 	SettleOutcome string
 	CutOff        bool
 	Status        int  // upstream HTTP status, 0 when none was seen

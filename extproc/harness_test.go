@@ -83,6 +83,7 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 		c.OutputAllowance *= body.N
 	}
 	c.IncludeUsage = body.StreamOptions != nil && body.StreamOptions.IncludeUsage
+	c.HiddenReasoning = strings.HasPrefix(body.Model, "o3") // as the real counter says of OpenAI's o3
 	return c, nil
 }
 

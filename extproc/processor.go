@@ -86,15 +86,13 @@ type request struct {
 	waited    time.Duration
 }
 
-// response is what the response phase follows: the upstream's status and
-// body, the live count (S13) and the cut-off (S14).
+// response is what the response phase follows: the upstream's body, the
+// live count (S13) and the cut-off (S14). What settlement reads of it (the
+// status, the end, the usage reported) is in settlement.seen.
 type response struct {
-	status      int
-	sse         bool // a stream of events (SSE or a Gemini JSON array), counted live
 	encoded     bool
 	body        []byte // a non-streamed body, kept to read its usage
 	bodyDropped bool   // the body passed MaxBodyBytes: its usage is not read
-	unread      bool   // an event passed MaxEventBytes: the stream goes on unread
 	framer      provider.Framer
 	stream      *provider.Stream
 	live        liveCounter
@@ -102,33 +100,33 @@ type response struct {
 	outBuf      *[]byte // the pooled buffer out came from
 	delivered   int     // output tokens forwarded to the client
 	answers     int
-	eosSeen     bool
-	cut         bool
-	usage       provider.Usage
-	usageOK     bool
 	streamResp  *extprocv3.ProcessingResponse
 	streamBody  *extprocv3.StreamedBodyResponse
 }
 
 // settlement is the reservation and what settling it charged (S8). mu
-// guards every field but the atomic counters, which abandon reads while the
-// stream goroutine writes them, and states and settleErr, which the store's
-// answer writes once before it closes written; the stream goroutine reads
-// res and extended, which only it writes, without it. Extensions, renewals
-// and settlement exclude each other: none follows settlement.
+// guards every field but the atomic counters, which the stream goroutine
+// writes as it counts, and states and settleErr, which the store's answer
+// writes once before it closes written. The stream goroutine reads res,
+// extended and seen, which only it writes (under mu), without it.
+// Extensions, renewals and settlement exclude each other: none follows
+// settlement, which Shutdown (abandon) may do from another goroutine.
 type settlement struct {
 	mu       sync.Mutex
 	res      *buckets.Reservation
-	extended int // tokens debited by Extend beyond the reservation
+	extended int      // tokens debited by Extend beyond the reservation
+	seen     progress // how far the request got, as settlement reads it
 	settled  bool
 	actual   int
 	outcome  string
-	inDebt   []string      // buckets settlement left below zero
-	forgiven []string      // buckets whose floor forgave part of the usage
-	quotas   []QuotaCharge // what settlement charged each quota
-	clamped  bool          // reported usage beyond the plausible was bounded
-	renewIn  time.Duration // a third of the shortest lifetime, see startRenewal
-	renewal  stopper       // the next renewal, nil when none
+	// settledOutput is the output tokens settled: actual beyond the prompt.
+	settledOutput int
+	inDebt        []string      // buckets settlement left below zero
+	forgiven      []string      // buckets whose floor forgave part of the usage
+	quotas        []QuotaCharge // what settlement charged each quota
+	clamped       bool          // reported usage beyond the plausible was bounded
+	renewIn       time.Duration // a third of the shortest lifetime, see startRenewal
+	renewal       stopper       // the next renewal, nil when none
 	// written is closed when the store has answered the settlement, after
 	// it set states and settleErr (see settleStore); nil before settlement.
 	written   chan struct{}
@@ -290,6 +288,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		p.req.price = price
 	}
 	if p.ctx.Err() != nil {
+		p.done = true
 		return nil // the client left while its request was counted: nothing to reserve
 	}
 	cost := c.InputTokens + p.req.allowance
@@ -338,8 +337,13 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		case <-t.C:
 		case <-p.ctx.Done():
 			t.Stop()
+			p.done = true
 			return nil // the client left while waiting; finish refunds the reservation
 		}
+	}
+	if p.ctx.Err() != nil {
+		p.done = true
+		return nil // the client left while its tokens were reserved; finish refunds them
 	}
 	return p.forward(p.rewrite(canRewrite), p.metadata(false), send)
 }

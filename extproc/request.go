@@ -3,6 +3,8 @@ package extproc
 import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tokengate/tokengate/tokenizer"
@@ -117,8 +119,11 @@ func (p *processor) requestTrailers(send sendFunc) error {
 		if err := p.decideBody(send); err != nil || p.done {
 			return err
 		}
-		if !p.duplexRequest() && p.st.res != nil {
-			answer.DynamicMetadata = p.metadata(false) // the decision's, as forward would send it
+		if !p.duplexRequest() {
+			if p.st.res != nil {
+				answer.DynamicMetadata = p.metadata(false) // the decision's, as forward would send it
+			}
+			return p.letOn(func() error { return send(answer) })
 		}
 	}
 	return send(answer)
@@ -132,7 +137,7 @@ func (p *processor) requestTrailers(send sendFunc) error {
 // (§4), an admission meters the response as usual. An upstream that
 // answered otherwise before the body ended is not metered.
 func (p *processor) decideUnended(send sendFunc) error {
-	if p.req.decided || p.reqMode != filterv3.ProcessingMode_STREAMED || p.req.size == 0 || p.resp.status != 200 {
+	if p.req.decided || p.reqMode != filterv3.ProcessingMode_STREAMED || p.req.size == 0 || p.st.seen.status != 200 {
 		return nil
 	}
 	p.req.trailers = true // no body message awaits its answer
@@ -169,11 +174,39 @@ func (p *processor) forward(body []byte, md *structpb.Struct, send sendFunc) err
 	case !p.duplexRequest() && p.req.trailers:
 		return nil // every body message is answered: the trailers answer lets the request on
 	case !p.duplexRequest():
-		return send(requestBodyResponse(body, md))
+		return p.letOn(func() error { return send(requestBodyResponse(body, md)) })
 	}
 	if body == nil {
 		body = p.req.body
 	}
+	return p.letOn(func() error { return p.sendDuplexBody(body, md, send) })
+}
+
+// letOn sends answer, which lets the request on to the upstream, and notes
+// that it was forwarded (S8): from then on the provider has it, and bills
+// it. The note comes first, so that a Shutdown settling meanwhile charges
+// what the provider is about to get, and is taken back when the answer
+// cannot be sent: Envoy never got it. A reservation Shutdown has settled
+// already (while the request waited for its tokens) backs nothing: the
+// request is not let on.
+func (p *processor) letOn(answer func() error) error {
+	p.st.mu.Lock()
+	abandoned := p.st.settled
+	p.st.seen.forwarded = !abandoned
+	p.st.mu.Unlock()
+	if abandoned {
+		return status.Error(codes.Unavailable, "tokengate is shutting down")
+	}
+	err := answer()
+	if err != nil {
+		p.seeing(func(s *progress) { s.forwarded = false })
+	}
+	return err
+}
+
+// sendDuplexBody sends, in FULL_DUPLEX_STREAMED mode, the withheld headers
+// answer and the body after it.
+func (p *processor) sendDuplexBody(body []byte, md *structpb.Struct, send sendFunc) error {
 	if err := send(p.requestHeadersAnswer(md)); err != nil {
 		return err
 	}

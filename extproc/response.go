@@ -24,10 +24,11 @@ func (p *processor) duplex() bool {
 // on (S18) and prepares the live count (S13).
 func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) error {
 	hdr := headerMap(h.GetHeaders())
-	p.resp.status, _ = strconv.Atoi(hdr[":status"])
-	if p.resp.status == 0 {
-		p.resp.status = 200
+	status, _ := strconv.Atoi(hdr[":status"])
+	if status == 0 {
+		status = 200
 	}
+	p.seeing(func(s *progress) { s.status = status })
 	if err := p.decideUnended(send); err != nil || p.done {
 		return err
 	}
@@ -36,8 +37,9 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	// A stream of events: server-sent events, or the JSON array Gemini's
 	// streamGenerateContent sends without alt=sse.
 	fr := provider.FramingOf(p.req.count.API, p.req.path, hdr["content-type"])
-	p.resp.sse = p.resp.status == 200 && p.st.res != nil && !p.resp.encoded && fr != provider.Unframed
-	if p.resp.sse {
+	sse := status == 200 && p.st.res != nil && !p.resp.encoded && fr != provider.Unframed
+	p.seeing(func(s *progress) { s.sse = sse })
+	if sse {
 		p.resp.stream = provider.NewFramedStream(p.req.count.API, fr, p.req.count.IncludeUsage, p.req.injected)
 		p.resp.framer = *framerPool.Get().(*provider.Framer) // emptied by Flush before it was pooled
 		p.resp.framer.Reset(fr)
@@ -54,7 +56,7 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 			set = append(set, headerOption(kv[0], kv[1]))
 		}
 	}
-	if p.resp.status == 429 && p.st.res != nil {
+	if status == 429 && p.st.res != nil {
 		if ra := p.providerPause(hdr[headerRetryAfter]); ra != "" {
 			set = append(set, headerOption(headerRetryAfter, ra))
 		}
@@ -65,7 +67,7 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 		}},
 	}
 	if h.GetEndOfStream() {
-		p.resp.eosSeen = true
+		p.ended()
 	}
 	if p.st.res != nil {
 		resp.DynamicMetadata = p.metadata(false)
@@ -73,7 +75,7 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	if err := send(resp); err != nil {
 		return err
 	}
-	if p.resp.eosSeen {
+	if p.st.seen.eos {
 		p.settle()
 	}
 	return nil
@@ -132,20 +134,20 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	chunk, eos := b.GetBody(), b.GetEndOfStream()
 	p.resp.answers++
-	switch {
-	case !p.resp.sse:
+	switch seen := &p.st.seen; {
+	case !seen.sse:
 		p.keepBody(chunk)
 		if eos {
-			p.resp.eosSeen = true
 			p.readUsage()
+			p.ended()
 		}
 		return p.passOn(chunk, eos)
-	case p.resp.unread:
+	case seen.unread:
 		if eos {
-			p.resp.eosSeen = true
+			p.ended()
 		}
 		return p.passOn(chunk, eos)
-	case p.resp.cut: // STREAMED mode after a cut-off: the client already has its end
+	case seen.cut: // STREAMED mode after a cut-off: the client already has its end
 		p.resp.framer.Feed(chunk)
 		for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
 			p.observeAfterCut(ev)
@@ -157,7 +159,7 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 			if tail := p.resp.framer.Flush(); len(tail) > 0 {
 				p.observeAfterCut(tail)
 			}
-			p.resp.eosSeen = true
+			p.ended()
 		}
 		err := send(p.bodyAnswer(nil, true, eos))
 		if err == nil && eos {
@@ -176,12 +178,12 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 		if tail := p.resp.framer.Flush(); len(tail) > 0 && p.observe(tail) {
 			return p.cutOff(send)
 		}
-		p.resp.eosSeen = true
+		p.ended()
 	} else if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
 		// One event without end past the bound: holding more would let an
 		// upstream grow this buffer without limit. What is held goes on
 		// now, the rest of the stream as it comes, unread.
-		p.resp.unread = true
+		p.seeing(func(s *progress) { s.unread = true })
 		p.resp.out = append(p.resp.out, p.resp.framer.Flush()...)
 		p.logAt(slog.LevelWarn, "server-sent event beyond the bound: stream forwarded unread, settled at its reservation",
 			"limit", p.s.cfg.MaxEventBytes)
@@ -203,7 +205,7 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 // kept, not even later chunks that would fit: usage read from a body with a
 // hole in it could be anything.
 func (p *processor) keepBody(chunk []byte) {
-	if p.st.res == nil || p.resp.eosSeen || p.resp.bodyDropped {
+	if p.st.res == nil || p.st.seen.eos || p.resp.bodyDropped {
 		return
 	}
 	if len(p.resp.body)+len(chunk) > p.s.cfg.MaxBodyBytes {
@@ -237,7 +239,7 @@ var framerPool = sync.Pool{New: func() any { return new(provider.Framer) }}
 // releaseFramer returns the framer's buffer to the pool, unless it grew
 // large; nothing may refer to what the framer returned afterwards.
 func (p *processor) releaseFramer() {
-	if !p.resp.sse {
+	if !p.st.seen.sse {
 		return
 	}
 	f := p.resp.framer
@@ -284,7 +286,7 @@ func (p *processor) observe(ev []byte) bool {
 		return false
 	}
 	if e.Usage {
-		p.resp.usage, p.resp.usageOK = p.resp.stream.Usage()
+		p.seeUsage()
 	}
 	if e.Text != "" {
 		before := int(p.st.output.Load()) // the count after the previous event
@@ -307,9 +309,20 @@ func (p *processor) observeAfterCut(ev []byte) {
 		return
 	}
 	if e.Usage {
-		p.resp.usage, p.resp.usageOK = p.resp.stream.Usage()
+		p.seeUsage()
 	}
 }
+
+// seeUsage notes the usage the stream reported so far.
+func (p *processor) seeUsage() {
+	st := p.resp.stream
+	u, ok := st.Usage()
+	final, outputs := st.UsageFinal(), st.OutputReported()
+	p.seeing(func(s *progress) { s.usage, s.usageOK, s.usageFinal, s.outputReported = u, ok, final, outputs })
+}
+
+// ended notes that the response ended.
+func (p *processor) ended() { p.seeing(func(s *progress) { s.eos = true }) }
 
 // overBudget reports whether n output tokens exceed a hard budget: the
 // policy's per-request cap (no store call) or a hard bucket, debited with
@@ -354,15 +367,29 @@ func (p *processor) overBudget(n int) bool {
 	return !ok
 }
 
+// deliveredUsage is the usage of what the client got, which the closing
+// events of a cut-off report: the prompt as the provider reported it (with
+// its cache split and, for Gemini, the reasoning so far), else as counted,
+// and the output delivered.
+func (p *processor) deliveredUsage() provider.Usage {
+	u := usageOf(p.req.count.InputTokens, p.resp.delivered)
+	if s := &p.st.seen; s.usageOK && s.usage.InputTokens > 0 {
+		r := s.usage
+		u.InputTokens, u.CachedInputTokens, u.CacheCreationInputTokens = r.InputTokens, r.CachedInputTokens, r.CacheCreationInputTokens
+		u.OutputTokens += r.ReasoningTokens
+		u.ReasoningTokens = r.ReasoningTokens
+	}
+	return u
+}
+
 // cutOff ends the stream now (S14): the tail is dropped, the closing events
 // are sent. In FULL_DUPLEX_STREAMED they go in one streamed_response with
 // end_of_stream, which makes Envoy end the response and reset the upstream.
 // In STREAMED they replace this chunk and later chunks are cleared (the
 // upstream runs on; see docs/envoy.md).
 func (p *processor) cutOff(send sendFunc) error {
-	p.resp.cut = true
-	delivered := provider.Usage{InputTokens: p.req.count.InputTokens, OutputTokens: p.resp.delivered}
-	p.resp.out = append(p.resp.out, p.resp.stream.Close(delivered)...)
+	p.seeing(func(s *progress) { s.cut = true })
+	p.resp.out = append(p.resp.out, p.resp.stream.Close(p.deliveredUsage())...)
 	p.logAt(slog.LevelInfo, "stream cut off at hard budget", "delivered_tokens", p.resp.delivered, "counted_tokens", p.st.output.Load())
 	if !p.duplex() {
 		// The upstream runs on: keep reading what it sends for its usage,
@@ -379,9 +406,9 @@ func (p *processor) cutOff(send sendFunc) error {
 }
 
 func (p *processor) responseTrailers(send sendFunc) error {
-	if p.duplex() && !p.resp.cut {
+	if p.duplex() && !p.st.seen.cut {
 		p.growOut(len(p.resp.framer.Pending()))
-		if p.resp.sse {
+		if p.st.seen.sse {
 			if tail := p.resp.framer.Flush(); len(tail) > 0 && p.observe(tail) {
 				return p.cutOff(send)
 			}
@@ -392,10 +419,10 @@ func (p *processor) responseTrailers(send sendFunc) error {
 			}
 		}
 	}
-	p.resp.eosSeen = true
-	if !p.resp.sse {
+	if !p.st.seen.sse {
 		p.readUsage()
 	}
+	p.ended()
 	err := send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 		ResponseTrailers: &extprocv3.TrailersResponse{},
 	}, DynamicMetadata: p.finalMetadata()})
@@ -461,6 +488,6 @@ func (p *processor) readUsage() {
 		p.logAt(slog.LevelDebug, "response usage unreadable", "err", err)
 		return
 	}
-	p.resp.usage, p.resp.usageOK = u, ok
+	p.seeing(func(s *progress) { s.usage, s.usageOK, s.usageFinal, s.outputReported = u, ok, ok, ok })
 	p.resp.body = nil
 }

@@ -179,8 +179,10 @@ func (s *Server) stop(p *processor) {
 }
 
 // Shutdown stops taking new streams and waits for the open ones to end
-// until ctx is done; then it settles every reservation still open (as an
-// aborted request: what was counted so far). Last, when the store settles
+// until ctx is done; then it settles every reservation still open, by the
+// rule its own end would follow at that point (docs/budgets.md): a request
+// forwarded and waiting for its non-streamed answer keeps its reservation,
+// a stream pays what was counted. Last, when the store settles
 // asynchronously (buckets.AsyncSettler), it flushes every settlement still
 // queued, waiting up to SettleTimeout for them. It returns ctx's error when
 // streams were still open, or the flush's. Call it before

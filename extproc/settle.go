@@ -3,16 +3,18 @@ package extproc
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
+	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // charge is what settling a request charges, and why.
 type charge struct {
 	actual  int
-	outcome string // complete, aborted, cut_off, upstream_error, no_response
+	outcome string // complete, aborted, cut_off, upstream_error, no_response, not_forwarded
 	// reported is the provider's usage when it was beyond what the request
 	// makes plausible and bound was charged instead.
 	reported, bound provider.Usage
@@ -23,65 +25,150 @@ type charge struct {
 	standing bool
 }
 
-// settlement is what the request costs, and why (S8):
-//   - cut off: the prompt and every output token counted (what was
-//     delivered plus the event in flight the upstream generated); in
-//     STREAMED mode the upstream runs to its end, so its usage if reported;
-//   - no response seen (upstream connect failure, client gone before the
-//     answer): nothing; the provider bills no request it never answered;
-//   - upstream error status: the provider's usage if it reported any, else
-//     nothing;
-//   - provider usage reported: that, authoritative at the end of the stream;
-//     a stream that ended without its end charges the larger of the usage
-//     reported so far and the live count;
-//   - streamed: the prompt and the live output count, ended or aborted;
-//     a stream forwarded unread past an unbounded event: the reservation,
-//     or the count before the event when that is more;
-//   - not streamed and no usage reported: the reservation stands.
+// output is the output tokens of the charge: what was settled beyond the
+// prompt.
+func (c charge) output() int { return c.actual - c.usage.InputTokens }
+
+// progress is how far a request got, as settlement reads it (S8): whether
+// it went upstream, what the upstream answered, the usage it reported. The
+// stream's goroutine alone writes it, under settlement.mu (see seeing), and
+// reads it without; Shutdown reads it under the mutex, so an open request
+// is settled by the one rule whoever settles it.
+type progress struct {
+	forwarded bool // the request was let on to the upstream (forward)
+	status    int  // the upstream's HTTP status; 0 until its response headers
+	sse       bool // a stream of events, counted live
+	eos       bool // the response ended
+	cut       bool // cut off at a hard budget (S14)
+	unread    bool // an event passed MaxEventBytes: the rest went on unread
+	usage     provider.Usage
+	usageOK   bool
+	// usageFinal says the usage is the provider's count of the whole
+	// answer; outputReported that it counts the output generated so far,
+	// hidden reasoning included (provider.Stream.UsageFinal, OutputReported).
+	usageFinal, outputReported bool
+}
+
+// seeing updates the progress that settlement reads, from the stream's
+// goroutine.
+func (p *processor) seeing(update func(*progress)) {
+	p.st.mu.Lock()
+	update(&p.st.seen)
+	p.st.mu.Unlock()
+}
+
+// settlement is what the request costs, and why (S8); docs/budgets.md has
+// the table of every exit. st.mu is held.
 //
-// Reported usage is bounded by what the model can do (see
-// Config.UsageMargin).
+//   - not forwarded (refused after its reservation, or the client gone
+//     while it was counted, reserved or waited): nothing; the provider
+//     never had it.
+//   - forwarded, no answer (the client hung up before the response
+//     headers, or Envoy answered itself: connect failure, upstream
+//     timeout, which Envoy does not show tokengate): the provider has the
+//     prompt. A non-streamed answer goes on without the client and is
+//     billed whole: the reservation stands. A stream ends when Envoy resets
+//     it: the prompt.
+//   - cut off: the prompt as reported (its cache split) or counted, and the
+//     output counted (delivered plus the event in flight); in STREAMED mode
+//     the upstream runs to its end, so its final usage when it reports one.
+//   - upstream error status: the provider's usage if it reported any, else
+//     nothing.
+//   - the provider's final usage: that.
+//   - a stream without its provider's final count (aborted, ended by an
+//     error event, or a running figure): the prompt as reported or counted,
+//     and the larger of the output reported and counted.
+//   - a stream without usage: the prompt and the output counted; a stream
+//     forwarded unread past an unbounded event: the reservation, or what was
+//     counted before the event when that is more.
+//   - a non-streamed answer without usage (none reported, unread past the
+//     body limit, or compressed): the reservation stands.
+//
+// A model that bills reasoning the answer does not show
+// (tokenizer.Count.HiddenReasoning) is charged at least its reservation
+// wherever the provider has not reported its output. Reported usage is
+// bounded by what the model can do (see Config.UsageMargin).
 func (p *processor) settlement() charge {
 	in, live := p.req.count.InputTokens, int(p.st.output.Load())
+	s := &p.st.seen
+	var c charge
 	switch {
-	case p.resp.cut:
-		if p.resp.usageOK && p.resp.usage.Total() > 0 && !p.duplex() {
-			return p.usageCharge(p.resp.usage, "cut_off")
+	case !s.forwarded && s.status == 0:
+		return charge{outcome: "not_forwarded"}
+	case s.cut:
+		if s.usageFinal && !p.duplex() {
+			return p.usageCharge(s.usage, "cut_off")
 		}
-		return charge{actual: in + live, outcome: "cut_off", usage: usageOf(in, live)}
-	case p.resp.status == 0:
-		return charge{outcome: "no_response"}
-	case p.resp.status >= 400:
-		if p.resp.usageOK {
-			return p.usageCharge(p.resp.usage, "upstream_error")
+		c = p.usageCharge(p.soFar(), "cut_off")
+	case s.status == 0:
+		c = charge{actual: in, outcome: "no_response", usage: usageOf(in, 0)}
+		if !p.streamed() {
+			return p.standing(c)
+		}
+	case s.status >= 400:
+		if s.usageOK {
+			return p.usageCharge(s.usage, "upstream_error")
 		}
 		return charge{outcome: "upstream_error"}
-	}
-	outcome := "complete"
-	if !p.resp.eosSeen {
-		outcome = "aborted"
-	}
-	switch {
-	case p.resp.unread:
-		// Nothing after the unbounded event was read: the reservation
-		// stands, or what was counted before it when that is more.
-		return charge{actual: max(p.reservedTokens(), in+live), outcome: outcome, usage: usageOf(in, live), standing: true}
-	case p.resp.usageOK:
-		u := p.resp.usage
-		if !p.resp.eosSeen {
-			// Usage seen before the end is a running figure: Anthropic's
-			// message_start reports output_tokens 1, Gemini's
-			// usageMetadata lags. What was counted was generated.
-			u.OutputTokens = max(u.OutputTokens, live)
-			if u.InputTokens == 0 {
-				u.InputTokens = in
-			}
+	default:
+		outcome := "complete"
+		if !s.eos {
+			outcome = "aborted"
 		}
-		return p.usageCharge(u, outcome)
-	case p.resp.sse:
-		return charge{actual: in + live, outcome: outcome, usage: usageOf(in, live)}
+		switch {
+		case s.unread:
+			// Nothing after the unbounded event was read: the reservation
+			// stands, or what was counted before it when that is more.
+			return p.standing(charge{actual: in + live, outcome: outcome, usage: usageOf(in, live)})
+		case s.usageFinal:
+			return p.usageCharge(s.usage, outcome)
+		case s.usageOK:
+			c = p.usageCharge(p.soFar(), outcome)
+		case s.sse:
+			c = charge{actual: in + live, outcome: outcome, usage: usageOf(in, live)}
+		default:
+			return p.standing(charge{actual: in, outcome: outcome, usage: usageOf(in, 0)})
+		}
 	}
-	return charge{actual: p.reservedTokens(), outcome: outcome, standing: true}
+	if p.req.count.HiddenReasoning && !s.outputReported {
+		return p.standing(c)
+	}
+	return c
+}
+
+// soFar is the usage of a stream that did not reach the provider's final
+// count: the prompt as reported (Anthropic's message_start, Gemini's
+// running usageMetadata: with its cache split), else as counted, and the
+// larger of the output reported and counted. What was counted was
+// generated; message_start's output_tokens is a placeholder, and Gemini's
+// usage lags behind what it sent.
+func (p *processor) soFar() provider.Usage {
+	s := &p.st.seen
+	u := usageOf(p.req.count.InputTokens, int(p.st.output.Load()))
+	if !s.usageOK {
+		return u
+	}
+	r := s.usage
+	if r.InputTokens > 0 {
+		u.InputTokens, u.CachedInputTokens, u.CacheCreationInputTokens = r.InputTokens, r.CachedInputTokens, r.CacheCreationInputTokens
+	}
+	u.OutputTokens, u.ReasoningTokens = max(u.OutputTokens, r.OutputTokens), r.ReasoningTokens
+	return u
+}
+
+// standing is c with the reservation standing: it charges at least what
+// was reserved, tokens and money.
+func (p *processor) standing(c charge) charge {
+	c.actual, c.standing = max(c.actual, p.reservedTokens()), true
+	return c
+}
+
+// streamed reports whether the request asked for a streamed answer, which
+// the provider stops generating when Envoy resets it: a non-streamed answer
+// is finished, and billed, whatever the client does.
+func (p *processor) streamed() bool {
+	c := p.req.count
+	return c.Stream || c.API == tokenizer.Gemini && strings.Contains(p.req.path, ":streamGenerateContent")
 }
 
 // usageCharge charges reported usage, bounded by what the model can do
@@ -106,13 +193,31 @@ func (p *processor) usageCharge(u provider.Usage, outcome string) charge {
 func (p *processor) settle() {
 	p.st.mu.Lock()
 	defer p.st.mu.Unlock()
+	p.settleAs("")
+}
+
+// abandon settles an open reservation from Shutdown, by the rule its own
+// end would follow at this point (settlement), with outcome shutdown.
+func (p *processor) abandon() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	p.settleAs("shutdown")
+}
+
+// settleAs settles the reservation, unless it is settled already, and
+// records outcome instead of the charge's when it is not empty; st.mu is
+// held.
+func (p *processor) settleAs(outcome string) {
 	if p.st.settled || p.st.res == nil {
 		return
 	}
 	p.st.settled = true
 	p.stopRenewal()
 	c := p.settlement()
-	p.st.actual, p.st.outcome, p.st.clamped = c.actual, c.outcome, c.clamped
+	if outcome != "" {
+		c.outcome = outcome
+	}
+	p.st.actual, p.st.outcome, p.st.clamped, p.st.settledOutput = c.actual, c.outcome, c.clamped, c.output()
 	if p.pol.charges() {
 		p.st.res.Spent = p.spent(c)
 	}
@@ -129,16 +234,17 @@ func (p *processor) settle() {
 // learn feeds the output of a complete answer back to the learned estimate
 // (S7); the estimator divides it among the request's choices.
 func (p *processor) learn() {
-	if p.st.outcome != "complete" || p.resp.status != 200 || p.req.count.Model == "" {
+	s := &p.st.seen
+	if p.st.outcome != "complete" || s.status != 200 || p.req.count.Model == "" {
 		return
 	}
 	out := int(p.st.output.Load())
 	switch {
 	case p.st.clamped:
 		return // an answer beyond the plausible teaches nothing
-	case p.resp.usageOK:
-		out = p.resp.usage.OutputTokens
-	case !p.resp.sse:
+	case s.usageFinal:
+		out = s.usage.OutputTokens
+	case !s.sse:
 		return // no usage, nothing counted: nothing learned
 	}
 	if p.req.capAdded && out >= p.req.allowance {
@@ -208,25 +314,6 @@ func (p *processor) awaitSettlement() {
 	}
 }
 
-// abandon settles an open reservation from Shutdown, as an aborted request.
-func (p *processor) abandon() {
-	p.st.mu.Lock()
-	defer p.st.mu.Unlock()
-	if p.st.settled || p.st.res == nil {
-		return
-	}
-	p.st.settled = true
-	p.stopRenewal()
-	in, out := int(p.st.input.Load()), int(p.st.output.Load())
-	p.st.actual = in + out
-	p.st.outcome = "shutdown"
-	if p.pol.charges() {
-		p.st.res.Spent = p.spent(charge{usage: usageOf(in, out)})
-	}
-	p.st.quotas = quotaCharges(p.st.res, float64(p.st.actual))
-	p.settleStore(p.st.actual)
-}
-
 // finish runs once when the stream ends, on every path: it settles what is
 // still open (an aborted request) and records the request's outcome. It is
 // the one place per request where outcomes are reported.
@@ -237,28 +324,30 @@ func (p *processor) finish() {
 	p.awaitSettlement()
 	p.st.mu.Lock()
 	actual, outcome, settled, inDebt, forgiven, clamped, quotas := p.st.actual, p.st.outcome, p.st.settled, p.st.inDebt, p.st.forgiven, p.st.clamped, p.st.quotas
+	settledOutput := p.st.settledOutput
 	p.st.mu.Unlock()
+	s := &p.st.seen // this goroutine alone writes it
 	level := slog.LevelInfo
 	if p.req.decision == "admitted" && outcome == "complete" || p.req.decision == "unmetered" {
 		level = slog.LevelDebug // the common case: keep Info for what an operator acts on
 	}
 	if p.s.cfg.Logger.Enabled(context.Background(), level) {
 		// The status the client got: tokengate's own answer, or the
-		// upstream's. The output: the provider's count when it reported
-		// one (a non-streamed answer has no live count), else the live one.
-		status, output := p.resp.status, int(p.st.output.Load())
+		// upstream's. The output: what was settled beyond the prompt, else
+		// (nothing reserved) the live count.
+		status, output := s.status, int(p.st.output.Load())
 		if p.req.reply != 0 {
 			status = p.req.reply
 		}
-		if p.resp.usageOK {
-			output = p.resp.usage.OutputTokens
+		if settled {
+			output = settledOutput
 		}
 		attrs := []any{
 			"decision", p.req.decision,
 			"api", string(p.req.count.API), "model", p.req.count.Model,
 			"input_tokens", p.req.count.InputTokens, "allowance", p.req.allowance,
 			"reserved", p.reservedTokens(), "output_tokens", output,
-			"status", status, "cut_off", p.resp.cut,
+			"status", status, "cut_off", s.cut,
 		}
 		if settled {
 			attrs = append(attrs, "settled", actual, "outcome", outcome)
@@ -280,9 +369,9 @@ func (p *processor) finish() {
 			Policy: policy, Decision: p.req.decision, Model: p.req.count.Model,
 			InputTokens: p.req.count.InputTokens, Reserved: p.reservedTokens(),
 			Output: int(p.st.output.Load()), Settled: actual, SettleOutcome: outcome,
-			CutOff: p.resp.cut, Status: p.resp.status, Usage: p.resp.usageOK,
+			CutOff: s.cut, Status: s.status, Usage: s.usageOK,
 			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
-			Waited: p.req.waited, InDebt: inDebt, Forgiven: forgiven, UsageClamped: clamped, StreamUnread: p.resp.unread,
+			Waited: p.req.waited, InDebt: inDebt, Forgiven: forgiven, UsageClamped: clamped, StreamUnread: s.unread,
 			Quotas: quotas, Budget: p.req.budget,
 		})
 	}

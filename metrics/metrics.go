@@ -76,7 +76,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"policy"}),
 		streams: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_stream_outcomes_total",
-			Help: "How admitted requests ended: complete, cut_off, aborted, upstream_error, no_response, shutdown.",
+			Help: "How admitted requests ended: complete, cut_off, aborted, upstream_error, no_response, not_forwarded, shutdown.",
 		}, []string{"policy", "outcome"}),
 		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tokengate_store_seconds",

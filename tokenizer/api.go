@@ -108,6 +108,12 @@ type Count struct {
 	// thinking.budget_tokens + 1 for Anthropic extended thinking, else 1.
 	CapFloor int
 	Stream   bool
+	// HiddenReasoning reports that the model may bill, as output, reasoning
+	// that the answer does not show: OpenAI's gpt-5 and o-series, Anthropic
+	// with extended thinking (Claude 4 streams only a summary of it),
+	// Gemini 2.5 and later (which think by default). Only the provider's
+	// usage tells how much.
+	HiddenReasoning bool
 	// IncludeUsage reports whether an OpenAI streaming request already asked
 	// for stream_options.include_usage.
 	IncludeUsage bool

@@ -382,6 +382,7 @@ func (c *Counter) count(req Request, pre *Precount) (Count, error) {
 		out.AllowanceSource = FromRequest
 		return out, nil
 	}
+	out.HiddenReasoning = hiddenReasoning(api, t.model, b)
 	for _, cf := range caps {
 		n, err := c.parseCap(cf.v, cf.name)
 		if err != nil {
@@ -489,6 +490,21 @@ func geminiConfig(b *body) (caps []capField, candidates int, add string, err err
 		}
 	}
 	return caps, candidates, add, nil
+}
+
+// hiddenReasoning reports whether a request of api to the normalized model
+// may be billed reasoning its answer does not show (Count.HiddenReasoning).
+func hiddenReasoning(api API, model string, b *body) bool {
+	switch api {
+	case ChatCompletions, Completions, Responses:
+		return reasoningModel(model)
+	case Messages:
+		_, enabled := thinking(b.Thinking)
+		return enabled
+	case Gemini:
+		return strings.HasPrefix(model, "gemini-2.5") || strings.HasPrefix(model, "gemini-3")
+	}
+	return false
 }
 
 // thinking reads Anthropic's thinking object: whether extended thinking

@@ -494,3 +494,35 @@ func TestCountReadsTheFieldsThatChangeThePrice(t *testing.T) {
 		}
 	}
 }
+
+// A request of a model that bills reasoning its answer does not show says
+// so (Count.HiddenReasoning): settlement must then hear the provider's
+// count of the output, or charge the reservation (S8).
+func TestCountHiddenReasoning(t *testing.T) {
+	c, err := New(Options{DefaultOutputTokens: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path, body string
+		want       bool
+	}{
+		{"/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`, false},
+		{"/v1/chat/completions", `{"model":"o3-mini","messages":[]}`, true},
+		{"/v1/chat/completions", `{"model":"openai/gpt-5-2025-08-07","messages":[]}`, true},
+		{"/v1/responses", `{"model":"o4-mini","input":"hi"}`, true},
+		{"/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":2000,"messages":[]}`, false},
+		{"/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":2000,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[]}`, true},
+		{"/v1beta/models/gemini-2.0-flash:generateContent", `{"contents":[]}`, false},
+		{"/v1beta/models/gemini-2.5-flash:streamGenerateContent", `{"contents":[]}`, true},
+		{"/v1beta/models/gemini-3-pro-preview:generateContent", `{"contents":[]}`, true},
+	} {
+		got, err := c.Count(Request{Path: tc.path, Body: []byte(tc.body)})
+		if err != nil {
+			t.Fatalf("%s %s: %v", tc.path, tc.body, err)
+		}
+		if got.HiddenReasoning != tc.want {
+			t.Errorf("%s %s: HiddenReasoning %v, want %v", tc.path, tc.body, got.HiddenReasoning, tc.want)
+		}
+	}
+}

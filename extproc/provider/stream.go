@@ -54,7 +54,13 @@ type Stream struct {
 
 	usage    Usage
 	hasUsage bool
-	done     bool // a terminal event was seen or Close was called
+	// partial says the usage seen is a running figure, not yet the
+	// provider's count of the whole answer: Anthropic's message_start until
+	// message_delta, Gemini's usageMetadata until the chunk that ends every
+	// candidate. noOutput says it counts no output at all: message_start's
+	// output_tokens is a placeholder.
+	partial, noOutput bool
+	done              bool // a terminal event was seen or Close was called
 
 	// Identity of the response, raw JSON values, for the closing events.
 	// OpenAI: id, object, created, model. Anthropic: id, model. Responses:
@@ -161,6 +167,17 @@ func (s *Stream) Usage() (u Usage, ok bool) {
 	}
 	return s.usage, s.hasUsage
 }
+
+// UsageFinal reports whether the usage seen is the provider's count of the
+// whole answer. Until an Anthropic stream's message_delta, and a Gemini
+// stream's chunk that ends every candidate, their usage is a running figure:
+// what was counted live was generated too (S8).
+func (s *Stream) UsageFinal() bool { return s.hasUsage && !s.partial }
+
+// OutputReported reports whether the usage seen counts the output generated
+// so far, hidden reasoning included: every usage but that of Anthropic's
+// message_start, whose output_tokens is a placeholder.
+func (s *Stream) OutputReported() bool { return s.hasUsage && !s.noOutput }
 
 // Observe reads one complete event as returned by Framer.Next or
 // Framer.Flush. Blocks without data (comments, keep-alives) are forwarded
@@ -614,6 +631,7 @@ func (s *Stream) observeAnthropic(ev *Event, data []byte) error {
 				return fmt.Errorf("usage: %w", err)
 			}
 			s.hasUsage, ev.Usage = true, true
+			s.partial, s.noOutput = false, false
 		}
 	case `"message_stop"`:
 		s.done, ev.Done = true, true
@@ -643,6 +661,7 @@ func (s *Stream) anthropicStart(ev *Event, message []byte) error {
 				return fmt.Errorf("message: usage: %w", err)
 			}
 			s.hasUsage, ev.Usage = true, true
+			s.partial, s.noOutput = true, true
 		}
 	}
 	if obj.err != nil {
@@ -695,6 +714,9 @@ func (s *Stream) observeGemini(ev *Event, data []byte) error {
 	}
 	if err := obj.finish(); err != nil {
 		return err
+	}
+	if ev.Usage {
+		s.partial = !s.allFinished()
 	}
 	if finishedHere && s.allFinished() && s.framing != JSONArray {
 		s.done, ev.Done = true, true

@@ -316,3 +316,74 @@ func FuzzObserve(f *testing.F) {
 		}
 	})
 }
+
+// S8: usage seen before a stream's end is a running figure where the
+// provider says so: Anthropic's message_start (its output_tokens a
+// placeholder, counting no output) until message_delta, Gemini's
+// usageMetadata until the chunk that finishes every candidate. OpenAI's
+// usage chunk and the Responses API's terminal usage are final at once.
+func TestStreamUsageFinalOnlyAtTheEnd(t *testing.T) {
+	type step struct {
+		event          string
+		final, outputs bool
+	}
+	for _, tc := range []struct {
+		api   tokenizer.API
+		steps []step
+	}{
+		{tokenizer.Messages, []step{
+			{"data: {\"type\":\"ping\"}\n\n", false, false},
+			{"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3,\"cache_read_input_tokens\":20,\"output_tokens\":1}}}\n\n", false, false},
+			{"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n", false, false},
+			{"data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n", true, true},
+		}},
+		{tokenizer.Gemini, []step{
+			{"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"a\"}]},\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":13,\"candidatesTokenCount\":1,\"thoughtsTokenCount\":40}}\n\n", false, true},
+			{"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"b\"}]},\"finishReason\":\"STOP\",\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":13,\"candidatesTokenCount\":2,\"thoughtsTokenCount\":40}}\n\n", true, true},
+		}},
+		{tokenizer.ChatCompletions, []step{
+			{"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n", false, false},
+			{"data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\n", true, true},
+		}},
+		{tokenizer.Responses, []step{
+			{"data: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n", false, false},
+			{"data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":5}}}\n\n", true, true},
+		}},
+	} {
+		t.Run(string(tc.api), func(t *testing.T) {
+			s := NewStream(tc.api, true, false)
+			for i, st := range tc.steps {
+				if _, err := s.Observe([]byte(st.event)); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if s.UsageFinal() != st.final || s.OutputReported() != st.outputs {
+					t.Errorf("step %d: UsageFinal %v, OutputReported %v; want %v, %v", i, s.UsageFinal(), s.OutputReported(), st.final, st.outputs)
+				}
+			}
+		})
+	}
+}
+
+// Every recorded stream that reports usage ends with the provider's final
+// count: the running figures of Anthropic and Gemini are final by the end.
+func TestRecordedStreamsEndWithFinalUsage(t *testing.T) {
+	for _, r := range streamRecordings(t) {
+		s := NewStream(r.api, r.askUsage, false)
+		observe := func(ev []byte) {
+			if _, err := s.Observe(ev); err != nil {
+				t.Errorf("%s: %v", r.name, err)
+			}
+		}
+		var f Framer
+		f.Feed(r.body)
+		for ev, ok := f.Next(); ok; ev, ok = f.Next() {
+			observe(ev)
+		}
+		if tail := f.Flush(); len(tail) > 0 {
+			observe(tail)
+		}
+		if _, ok := s.Usage(); ok && !s.UsageFinal() {
+			t.Errorf("%s: the usage at the end of the stream is not final", r.name)
+		}
+	}
+}
