@@ -61,12 +61,27 @@ func Binary(t testing.TB) string {
 // stopped at the end of the test.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return start(t, "no")
+}
+
+// StartPersistent starts a standalone redis-server as Start does, that
+// writes every command to its append-only file before it answers: killed
+// and restarted (Kill, Restart), it comes back with its data, as a
+// production Redis with persistence does after a crash.
+func StartPersistent(t testing.TB) *Server {
+	t.Helper()
+	return start(t, "yes")
+}
+
+func start(t testing.TB, appendonly string) *Server {
+	t.Helper()
 	bin := Binary(t)
 	s := &Server{t: t, bin: bin, dir: t.TempDir()}
 	port := freePort(t, false)
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	s.args = []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no", "--enable-debug-command", "local"}
+		"--save", "", "--appendonly", appendonly, "--appendfsync", "always",
+		"--dir", s.dir, "--protected-mode", "no", "--enable-debug-command", "local"}
 	t.Cleanup(s.Stop)
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -127,7 +142,7 @@ func (s *Server) Kill() {
 }
 
 // Restart starts the server again on the same address after Kill or Stop.
-// Its data is gone: the server keeps no persistence.
+// Its data is gone, unless it was started with StartPersistent.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
