@@ -7,7 +7,9 @@
 // calling the primary for a short back-off, so a dead Redis does not make
 // every request wait for a timeout and goroutines do not pile up on it; the
 // first call after the back-off probes the primary again, and its success
-// ends the outage. State changes are logged once each, not per request.
+// ends the outage — as does a heartbeat or a probe of Run, so that an
+// outage ends when the primary answers, not with the next request. State
+// changes are logged once each, not per request.
 //
 // A caller's cancellation or deadline is never an outage: an error from a
 // call whose own context has ended passes through unchanged, without

@@ -21,7 +21,8 @@
 // too), so neither a client nor a configuration can make a key of unbounded
 // size. Every key has a TTL: an idle bucket expires once it would have
 // refilled to full, which is the state a missing key stands for, and once
-// its records have expired.
+// its records have expired. Only faults leave more, for a while: see
+// batchLua for tombstones and markers.
 //
 // # Group commit
 //
@@ -39,6 +40,18 @@
 // deadline, bounded by Options.Timeout and the client's own timeouts, so a
 // client that disconnects never leaves a reservation that Redis wrote but
 // nobody will settle. Settle always runs.
+//
+// # Calls sent again
+//
+// A script whose reply is lost (a read timeout while Redis is busy, a
+// dropped connection) may still run, and go-redis would send it again by
+// itself. The store's scripts are commands go-redis never retries; the
+// store sends them again itself (Store.call), and every script applies
+// once however many of its copies run, in whatever order (see lua.go): by
+// the reservation's record, a tombstone, or a marker. A reserve whose
+// reply is lost for good fails with a *buckets.IncompleteError, to be
+// cancelled (Cancel) once Redis answers; a settlement kept during an
+// outage is replayed with Replay, also after its record has expired.
 //
 // # Redis Cluster
 //
