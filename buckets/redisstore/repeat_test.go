@@ -366,10 +366,11 @@ func TestLostReserveIsCancelled(t *testing.T) {
 			if l, s := levels(t, st, b, q); !near(l, 900) || !near(s, 100) {
 				t.Fatalf("after the lost reserve: bucket %v, quota %v; want it taken once, 900 and 100", l, s)
 			}
-			if err := st.Cancel(ctx, inc.Rest); err != nil {
+			f.busy(t, pause)
+			if err := st.Cancel(ctx, inc.Rest); err != nil { // sent twice
 				t.Fatal(err)
 			}
-			if err := st.Cancel(ctx, inc.Rest); err != nil { // once
+			if err := st.Cancel(ctx, inc.Rest); err != nil { // and once more
 				t.Fatal(err)
 			}
 			if l, s := levels(t, st, b, q); !near(l, 1000) || !near(s, 0) {
@@ -426,7 +427,8 @@ func TestReplayAfterTheRecordExpiredChargesTheUsage(t *testing.T) {
 				t.Fatal(err)
 			}
 			check("a settle after the lifetime", 670, 330)
-			for range 2 { // a replay's reply lost: it is sent again
+			f.busy(t, pause) // the replay is sent twice, and then once more
+			for range 2 {
 				if _, err := st.Replay(ctx, unsent, 40, false); err != nil {
 					t.Fatal(err)
 				}
