@@ -130,7 +130,8 @@ type Options struct {
 	Now func() time.Time
 	// Timeout bounds an operation once started, detached from the caller's
 	// context (see Cancellation); the client's own read, write and pool
-	// timeouts apply within it. Zero means two seconds.
+	// timeouts apply within it, and a call whose reply is lost is sent
+	// again within it (see Calls sent again). Zero means two seconds.
 	Timeout time.Duration
 	// SettleWindow is how long a settlement queued by SettleAsync waits for
 	// a call to Redis to join before it goes on its own. Zero means two
