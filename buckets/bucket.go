@@ -354,12 +354,18 @@ func NewDecision(req Request, id string, step Step) Decision {
 		}
 	}
 	if d.OK {
-		d.Reservation = &Reservation{
-			ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority, Lifetime: req.Lifetime,
-			Quotas: req.Quotas, Money: req.Money, MoneyPerToken: req.MoneyPerToken, Windows: step.Spans,
-		}
+		d.Reservation = NewReservation(req, id, step.Spans)
 	}
 	return d
+}
+
+// NewReservation is the reservation that admitting req makes, with ID id,
+// its quotas charged in windows.
+func NewReservation(req Request, id string, windows []Span) *Reservation {
+	return &Reservation{
+		ID: id, Cost: req.Cost, Buckets: req.Buckets, Slots: req.Slots, Priority: req.Priority, Lifetime: req.Lifetime,
+		Quotas: req.Quotas, Money: req.Money, MoneyPerToken: req.MoneyPerToken, Windows: windows,
+	}
 }
 
 // Seconds converts a number of seconds to a Duration, rounding up to the

@@ -150,6 +150,10 @@ type Reservation struct {
 	// Extended is what Extend debited from the hard buckets beyond Cost,
 	// in tokens.
 	Extended float64
+	// Extends counts the Extend calls made on the reservation, whatever
+	// their answer: the store numbers each call by it, so that a call it
+	// sends again applies once.
+	Extends int
 	// Quotas, Money and MoneyPerToken are the request's.
 	Quotas        []Quota
 	Money         float64
@@ -191,6 +195,24 @@ type Reservation struct {
 // So an error wrapping context.Canceled or context.DeadlineExceeded means
 // the caller's context ended before anything was written; a failover layer
 // must not count it as an outage.
+//
+// # Calls that are sent again
+//
+// A store on a network sends a call again when its reply is lost, and both
+// copies may run, in either order. Every call that writes is therefore
+// safe to repeat, by the reservation's ID:
+//
+//   - Reserve with the ID of an open reservation takes nothing and answers
+//     admitted, with the levels as they are: a repeated Reserve takes
+//     once. A reservation's ID must be unique (Request.ID); after the
+//     reservation has settled, the ID is free again.
+//   - Extend applies each call once, numbered by Reservation.Extends.
+//   - Settle applies once, through the reservation's record.
+//   - Pause and Renew set a state rather than add to one: a copy that runs
+//     later sets it again (a pause then ends at most that much later).
+//
+// A call whose reply is lost for good may or may not have been written: a
+// store that can tell says so with an *IncompleteError (see Replayer).
 type Store interface {
 	// Reserve attempts an admission (S3–S5, S11, S12). It writes nothing when
 	// the request is refused.
@@ -200,7 +222,8 @@ type Store interface {
 	// (S14). ok is false when a hard bucket would go below zero (or is
 	// paused) or a hard quota's window would be overspent; the caller then
 	// cuts the stream off. Soft buckets and quotas are charged at Settle.
-	// Extend is not idempotent and must not follow Settle.
+	// Each call is a new extension (it counts itself in r.Extends); Extend
+	// must not follow Settle.
 	Extend(ctx context.Context, r *Reservation, n float64) (ok bool, err error)
 	// Settle replaces the reservation by the actual usage (S8, S9) — actual
 	// tokens, and r.Spent for quotas of money — and releases its slots,

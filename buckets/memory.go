@@ -14,8 +14,11 @@ import (
 // MemoryOptions configures a Memory store. The zero value gives the
 // defaults.
 type MemoryOptions struct {
-	// Now is the store's one clock (S2); nil means time.Now. Only its
-	// differences matter, so a monotonic clock is right.
+	// Now is the store's one clock (S2); nil means time.Now. Buckets refill
+	// by the differences of its readings — monotonic ones when it gives
+	// them, as time.Now does, so that a step of the wall clock moves no
+	// bucket — and quota windows are named by its wall clock, the
+	// calendar's, also after a suspend or a step.
 	Now func() time.Time
 	// SweepEvery is how often each shard drops buckets that have refilled to
 	// capacity, expired slot leases and expired reservations (bounded
@@ -54,20 +57,44 @@ var (
 )
 
 type shard struct {
-	mu        sync.Mutex
-	buckets   map[string]*level
-	slots     map[string]map[string]int64 // key → reservation ID → lease expiry
-	open      map[string]int64            // open reservation ID → when it expires
-	quotas    map[quotaKey]*spend
+	mu      sync.Mutex
+	buckets map[string]*level
+	slots   map[string]map[string]int64 // key → reservation ID → lease expiry
+	open    map[string]int64            // open reservation ID → when it expires
+	quotas  map[quotaKey]*spend
+	// marks holds, by kind and reservation ID, when the store forgets a
+	// call it applied (see mark): a replay or an added spend, which must
+	// not apply twice, and a cancelled reservation, which must not be
+	// taken again.
+	marks     map[string]int64
 	nextSweep int64
 	_         [64]byte // keep hot mutexes on separate cache lines
+}
+
+// Kinds of marks.
+const (
+	replayMark = "p:"
+	spendMark  = "s:"
+	cancelMark = "t:"
+)
+
+// marked reports whether the mark is set at now.
+func (sh *shard) marked(mark string, now int64) bool {
+	exp, ok := sh.marks[mark]
+	return ok && exp > now
+}
+
+func (sh *shard) mark(mark string, expires int64) {
+	if exp, ok := sh.marks[mark]; !ok || expires > exp {
+		sh.marks[mark] = expires
+	}
 }
 
 // quotaKey names the spend of one quota in one window.
 type quotaKey struct{ key, window string }
 
 // spend is a quota's spend in one window, kept until expires (the window's
-// end and QuotaSlack, in nanoseconds since the store's epoch).
+// end and QuotaSlack, by the wall clock, in Unix nanoseconds).
 type spend struct {
 	amount  float64
 	expires int64
@@ -100,6 +127,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		sh.slots = make(map[string]map[string]int64)
 		sh.open = make(map[string]int64)
 		sh.quotas = make(map[quotaKey]*spend)
+		sh.marks = make(map[string]int64)
 		sh.nextSweep = m.sweepEvery
 	}
 	return m
@@ -113,6 +141,14 @@ func cmp0(d, def time.Duration) time.Duration {
 }
 
 func (m *Memory) nowNS() int64 { return int64(m.now().Sub(m.epoch)) }
+
+// clock reads the clock once: now for buckets, leases and records, in
+// nanoseconds since the epoch (by the monotonic clock when the reading
+// has one), and the wall clock for quota windows.
+func (m *Memory) clock() (now int64, wall time.Time) {
+	t := m.now()
+	return int64(t.Sub(m.epoch)), t
+}
 
 func (m *Memory) shardOf(key string) uint8 {
 	return uint8(maphash.String(m.seed, key) % shardCount)
@@ -170,9 +206,9 @@ func hold(last, now int64) time.Duration {
 	return 0
 }
 
-// sweep drops full buckets, expired leases and expired reservations of a
-// locked shard.
-func (m *Memory) sweep(sh *shard, now int64) {
+// sweep drops full buckets, expired leases, reservations and marks, and
+// the spend of windows past their slack, of a locked shard.
+func (m *Memory) sweep(sh *shard, now int64, wall time.Time) {
 	if now < sh.nextSweep {
 		return
 	}
@@ -197,34 +233,36 @@ func (m *Memory) sweep(sh *shard, now int64) {
 			delete(sh.open, id)
 		}
 	}
+	for k, exp := range sh.marks {
+		if exp <= now {
+			delete(sh.marks, k)
+		}
+	}
 	for k, sp := range sh.quotas {
-		if sp.expires <= now {
+		if sp.expires <= wall.UnixNano() {
 			delete(sh.quotas, k)
 		}
 	}
 }
 
-// wall is the wall-clock time of now (nanoseconds since the epoch), which
-// quota windows follow.
-func (m *Memory) wall(now int64) time.Time { return m.epoch.Add(time.Duration(now)) }
-
-// spent returns the spend of quota q in window span, and its record (nil
-// when nothing is spent).
-func (sh *shard) spent(q Quota, span Span, now int64) (float64, *spend) {
+// spent returns the spend of quota q in window span at wall, and its
+// record (nil when nothing is spent).
+func (sh *shard) spent(q Quota, span Span, wall time.Time) (float64, *spend) {
 	sp := sh.quotas[quotaKey{q.Key, span.ID}]
-	if sp == nil || sp.expires <= now {
+	if sp == nil || sp.expires <= wall.UnixNano() {
 		return 0, nil
 	}
 	return sp.amount, sp
 }
 
 // charge adds amount (negative refunds) to the spend of quota q in window
-// span, which expires at expires; a window past its slack is not written.
-func (sh *shard) charge(q Quota, span Span, amount float64, expires, now int64) {
-	if expires <= now {
+// span at wall; a window past its slack is not written.
+func (sh *shard) charge(q Quota, span Span, amount float64, wall time.Time) {
+	expires := expiry(span)
+	if expires <= wall.UnixNano() {
 		return
 	}
-	amt, sp := sh.spent(q, span, now)
+	amt, sp := sh.spent(q, span, wall)
 	amt = max(0, amt+amount)
 	switch {
 	case sp == nil && amt == 0:
@@ -237,9 +275,20 @@ func (sh *shard) charge(q Quota, span Span, amount float64, expires, now int64) 
 	}
 }
 
-// expiry is when the spend of window span may be forgotten, in nanoseconds
-// since the epoch.
-func (m *Memory) expiry(span Span) int64 { return int64(span.End.Add(QuotaSlack).Sub(m.epoch)) }
+// expiry is when the spend of window span may be forgotten, in Unix
+// nanoseconds.
+func expiry(span Span) int64 { return span.End.Add(QuotaSlack).UnixNano() }
+
+// replayMarkTTL is how long a replay's or an added spend's mark is kept at
+// wall: as long as the windows it charged, and at least QuotaSlack, so
+// that a replay sent again after another outage finds it.
+func replayMarkTTL(spans []Span, wall time.Time) time.Duration {
+	ttl := QuotaSlack
+	for _, sp := range spans {
+		ttl = max(ttl, time.Duration(expiry(sp)-wall.UnixNano()))
+	}
+	return ttl
+}
 
 // recordShard is the shard that keeps the record of a reservation on
 // buckets bs and slots ss: the shard of its first key, which its
@@ -263,7 +312,9 @@ func (m *Memory) newID() string {
 }
 
 // Reserve implements Store (S3–S5, S11, S12, S19). A request without an ID
-// gets one.
+// gets one. A request with the ID of an open reservation takes nothing and
+// is admitted (see Store), one with the ID of a reservation cancelled
+// within RepeatWindow is refused as never admissible.
 func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
@@ -302,17 +353,20 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 	m.lock(&ls)
 	// Unlocked below, before the decision is assembled: only the step itself
 	// needs the shards.
-	now := m.nowNS()
+	now, wall := m.clock()
 	var spans []Span
 	var spent []float64
 	if len(req.Quotas) > 0 {
-		wall := m.wall(now)
 		spans, spent = make([]Span, len(req.Quotas)), make([]float64, len(req.Quotas))
 		for j, q := range req.Quotas {
 			spans[j] = m.spans.Span(q.Window, wall)
-			spent[j], _ = m.shards[quotaShards[j]].spent(q, spans[j], now)
+			spent[j], _ = m.shards[quotaShards[j]].spent(q, spans[j], wall)
 		}
 	}
+	rsh := &m.shards[rec]
+	exp, repeat := rsh.open[id]
+	repeat = repeat && exp > now
+	cancelled := !repeat && rsh.marked(cancelMark+id, now)
 
 	var bufObs [8]Observation
 	var bufLast [8]int64
@@ -350,8 +404,14 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 	if reason == Admitted && worst > 0 && (hardShort || worst > req.MaxWait) {
 		reason = ShortOfTokens
 	}
+	switch {
+	case repeat:
+		reason = Admitted
+	case cancelled:
+		reason = NeverAdmissible
+	}
 	full := -1
-	if reason == Admitted {
+	if reason == Admitted && !repeat {
 		for j, s := range req.Slots {
 			leases := m.shards[slotShards[j]].slots[s.Key]
 			if len(leases) >= s.Max {
@@ -367,7 +427,7 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 			}
 		}
 	}
-	if reason == Admitted {
+	if reason == Admitted && !repeat {
 		for i, b := range req.Buckets {
 			obs[i].Level -= req.Cost
 			m.shards[shards[i]].put(b, ps[i], obs[i].Level, lasts[i], now)
@@ -383,19 +443,15 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 		}
 		for j, q := range req.Quotas {
 			c := req.QuotaCost(q)
-			m.shards[quotaShards[j]].charge(q, spans[j], c, m.expiry(spans[j]), now)
+			m.shards[quotaShards[j]].charge(q, spans[j], c, wall)
 			spent[j] += c
 		}
-		m.shards[rec].open[id] = now + int64(req.LifetimeOrDefault())
+		rsh.open[id] = now + int64(req.LifetimeOrDefault())
 		for s := uint64(ls); s != 0; s &= s - 1 {
-			m.sweep(&m.shards[bits.TrailingZeros64(s)], now)
+			m.sweep(&m.shards[bits.TrailingZeros64(s)], now, wall)
 		}
 	}
 	m.unlock(&ls)
-	var wall time.Time
-	if len(req.Quotas) > 0 {
-		wall = m.wall(now)
-	}
 	return NewDecision(req, id, Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: wall}), nil
 }
 
@@ -417,6 +473,8 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("extend: %w", err)
 	}
+	// No call is ever sent twice in memory: the number is only counted.
+	r.Extends++
 	var ls lockSet
 	for _, b := range r.Buckets {
 		if b.Hard {
@@ -430,7 +488,7 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 	}
 	m.lock(&ls)
 	defer m.unlock(&ls)
-	now := m.nowNS()
+	now, wall := m.clock()
 	for _, b := range r.Buckets {
 		if !b.Hard {
 			continue
@@ -444,7 +502,7 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 		if !q.Hard {
 			continue
 		}
-		spent, _ := m.shards[m.shardOf(q.Key)].spent(q, r.Windows[j], now)
+		spent, _ := m.shards[m.shardOf(q.Key)].spent(q, r.Windows[j], wall)
 		if spent+r.ExtendQuota(q, n) > q.Limit {
 			return false, nil
 		}
@@ -459,7 +517,7 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 	}
 	for j, q := range r.Quotas {
 		if q.Hard {
-			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], r.ExtendQuota(q, n), m.expiry(r.Windows[j]), now)
+			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], r.ExtendQuota(q, n), wall)
 		}
 	}
 	r.Extended += n
@@ -473,6 +531,50 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 // state and changes nothing. Settle runs whatever the state of ctx (see
 // Store).
 func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error) {
+	return m.settle(r, actual, settleOpen)
+}
+
+var _ Replayer = (*Memory)(nil)
+
+// Replay implements Replayer.
+func (m *Memory) Replay(ctx context.Context, r *Reservation, actual float64, sent bool) ([]BucketState, error) {
+	if sent {
+		return m.settle(r, actual, replaySent)
+	}
+	return m.settle(r, actual, replayUnsent)
+}
+
+// Cancel implements Replayer.
+func (m *Memory) Cancel(ctx context.Context, r *Reservation) error {
+	if r != nil {
+		rc := *r
+		rc.Spent = 0
+		r = &rc
+	}
+	_, err := m.settle(r, 0, settleCancel)
+	return err
+}
+
+// settleMode is what a settlement applies when, see settle.
+type settleMode int
+
+const (
+	// settleOpen: a Settle, of an open reservation only.
+	settleOpen settleMode = iota
+	// replayUnsent: a Replay of a settlement that never reached the
+	// store, also of an expired reservation; once.
+	replayUnsent
+	// replaySent: a Replay of one that may have, where an expired
+	// reservation is charged only what it used beyond what it holds.
+	replaySent
+	// settleCancel: a Cancel, of an open reservation only, at zero; the ID
+	// is then refused for RepeatWindow.
+	settleCancel
+)
+
+// settle is Settle, Replay and Cancel: each applies the settlement of r
+// with actual as mode says, and reports the buckets' states.
+func (m *Memory) settle(r *Reservation, actual float64, mode settleMode) ([]BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: settle: reservation without ID", ErrInvalidRequest)
 	}
@@ -499,24 +601,42 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 	rec := &m.shards[m.recordShard(r.ID, r.Buckets, r.Slots)]
 	ls.add(m.recordShard(r.ID, r.Buckets, r.Slots))
 	m.lock(&ls)
-	now := m.nowNS()
+	now, wall := m.clock()
 
 	exp, open := rec.open[r.ID]
 	delete(rec.open, r.ID)
-	done := !open || exp <= now
+	apply := open && exp > now
+	debitsOnly := false
+	switch mode {
+	case replayUnsent, replaySent:
+		if rec.marked(replayMark+r.ID, now) {
+			apply = false
+			break
+		}
+		if !apply {
+			apply, debitsOnly = true, mode == replaySent
+		}
+		rec.mark(replayMark+r.ID, now+int64(replayMarkTTL(r.Windows, wall)))
+	case settleCancel:
+		rec.mark(cancelMark+r.ID, now+int64(RepeatWindow))
+	}
 	var bufObs [8]Observation
 	obs := bufObs[:0]
 	for i, b := range r.Buckets {
 		sh := &m.shards[shards[i]]
 		tokens, last, p := sh.peek(b, now)
 		var forgiven float64
-		if !done {
-			tokens, forgiven = Apply(b, tokens, r.Charged(b)-actual)
+		if apply {
+			d := r.Charged(b) - actual
+			if debitsOnly {
+				d = min(d, 0)
+			}
+			tokens, forgiven = Apply(b, tokens, d)
 			sh.put(b, p, tokens, last, now)
 		}
 		obs = append(obs, Observation{Level: tokens, Hold: hold(last, now), Forgiven: forgiven})
 	}
-	if !done {
+	if apply {
 		for _, s := range r.Slots {
 			sh := &m.shards[m.shardOf(s.Key)]
 			if leases := sh.slots[s.Key]; leases != nil {
@@ -524,7 +644,11 @@ func (m *Memory) Settle(ctx context.Context, r *Reservation, actual float64) ([]
 			}
 		}
 		for j, q := range r.Quotas {
-			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], r.UsedQuota(q, actual)-r.ChargedQuota(q), m.expiry(r.Windows[j]), now)
+			d := r.UsedQuota(q, actual) - r.ChargedQuota(q)
+			if debitsOnly {
+				d = max(d, 0)
+			}
+			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], d, wall)
 		}
 	}
 	m.unlock(&ls)
@@ -579,8 +703,8 @@ func (m *Memory) Renew(ctx context.Context, r *Reservation) error {
 	}
 	sh := &m.shards[m.recordShard(r.ID, r.Buckets, r.Slots)]
 	sh.mu.Lock()
-	if now := m.nowNS(); sh.open[r.ID] > now {
-		sh.open[r.ID] = now + int64(r.LifetimeOrDefault())
+	if exp, ok := sh.open[r.ID]; ok && exp > m.nowNS() {
+		sh.open[r.ID] = m.nowNS() + int64(r.LifetimeOrDefault())
 	}
 	sh.mu.Unlock()
 	for _, s := range r.Slots {
@@ -631,10 +755,9 @@ func (m *Memory) Inspect(ctx context.Context, bs []Bucket, qs []Quota) ([]Bucket
 	for j, q := range qs {
 		sh := &m.shards[m.shardOf(q.Key)]
 		sh.mu.Lock()
-		now := m.nowNS()
-		wall := m.wall(now)
+		_, wall := m.clock()
 		span := m.spans.Span(q.Window, wall)
-		spent, _ := sh.spent(q, span, now)
+		spent, _ := sh.spent(q, span, wall)
 		sh.mu.Unlock()
 		quotas[j] = NewQuotaState(q, span, spent, wall)
 	}
@@ -643,21 +766,32 @@ func (m *Memory) Inspect(ctx context.Context, bs []Bucket, qs []Quota) ([]Bucket
 
 var _ SpendAdder = (*Memory)(nil)
 
-// AddSpend implements SpendAdder.
-func (m *Memory) AddSpend(ctx context.Context, ss []Spend) error {
-	if err := ValidateSpend(ss); err != nil {
+// AddSpend implements SpendAdder: all the spends of one id in one step,
+// once.
+func (m *Memory) AddSpend(ctx context.Context, id string, ss []Spend) error {
+	if err := ValidateSpend(id, ss); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("add spend: %w", err)
 	}
-	for _, s := range ss {
-		var ls lockSet
-		sh := m.shardOf(s.Quota.Key)
-		ls.add(sh)
-		m.lock(&ls)
-		m.shards[sh].charge(s.Quota, s.Window, s.Amount, m.expiry(s.Window), m.nowNS())
-		m.unlock(&ls)
+	var ls lockSet
+	mark := m.shardOf(id)
+	ls.add(mark)
+	spans := make([]Span, len(ss))
+	for j, s := range ss {
+		ls.add(m.shardOf(s.Quota.Key))
+		spans[j] = s.Window
 	}
+	m.lock(&ls)
+	defer m.unlock(&ls)
+	now, wall := m.clock()
+	if m.shards[mark].marked(spendMark+id, now) {
+		return nil
+	}
+	for _, s := range ss {
+		m.shards[m.shardOf(s.Quota.Key)].charge(s.Quota, s.Window, s.Amount, wall)
+	}
+	m.shards[mark].mark(spendMark+id, now+int64(replayMarkTTL(spans, wall)))
 	return nil
 }

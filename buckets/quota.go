@@ -263,10 +263,12 @@ type Spend struct {
 // without a reservation, so that what was spent during an outage counts
 // against the shared windows afterwards. AddSpend adds each Spend to its
 // window, whatever the window's limit (the money is spent); a window that
-// has ended and passed QuotaSlack is left alone. Spends are independent:
-// on an error, some may have been added.
+// has ended and passed QuotaSlack is left alone. It adds them once per id
+// (the ID of the reservation that spent them): a call repeated with the
+// same id, as a replay whose reply was lost is, adds nothing. Spends are
+// independent: on an error, some may have been added.
 type SpendAdder interface {
-	AddSpend(ctx context.Context, ss []Spend) error
+	AddSpend(ctx context.Context, id string, ss []Spend) error
 }
 
 func (s Spend) validate() error {
@@ -279,8 +281,11 @@ func (s Spend) validate() error {
 	return amount("spend", s.Amount)
 }
 
-// ValidateSpend checks the spends of an AddSpend call.
-func ValidateSpend(ss []Spend) error {
+// ValidateSpend checks the ID and the spends of an AddSpend call.
+func ValidateSpend(id string, ss []Spend) error {
+	if id == "" {
+		return fmt.Errorf("%w: spend without an ID", ErrInvalidRequest)
+	}
 	for _, s := range ss {
 		if err := s.validate(); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package buckets
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -79,6 +80,31 @@ func (p Period) String() string {
 type Window struct {
 	Period   Period
 	Location *time.Location
+}
+
+// MarshalJSON writes the window as configuration names it:
+// {"period":"day","timezone":"Europe/Amsterdam"}.
+func (w Window) MarshalJSON() ([]byte, error) {
+	return json.Marshal(windowJSON{Period: w.Period.String(), Timezone: w.location().String()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, as ParseWindow does.
+func (w *Window) UnmarshalJSON(b []byte) error {
+	var j windowJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	v, err := ParseWindow(j.Period, j.Timezone)
+	if err != nil {
+		return err
+	}
+	*w = v
+	return nil
+}
+
+type windowJSON struct {
+	Period   string `json:"period"`
+	Timezone string `json:"timezone"`
 }
 
 // ParseWindow reads a window as written in configuration: a period ("day",

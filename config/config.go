@@ -133,6 +133,10 @@ type Store struct {
 	// the whole fleet: each gateway takes Fallback divided by the gateways
 	// alive (they heartbeat in Redis), never below Floor.
 	Fleet *Fleet `yaml:"fleet"`
+	// ReplayFile, with the redis store, is where a gateway that stops
+	// while Redis does not answer saves the writes Redis missed (settlements,
+	// outage spend), replayed at its next start; empty loses them.
+	ReplayFile string `yaml:"replay_file"`
 }
 
 // Fleet divides the fail-open fallback among the gateways sharing Redis.

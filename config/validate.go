@@ -371,6 +371,9 @@ func (v *validator) validateStore(s *Store) {
 	default:
 		v.add("store.on_failure", "must be closed or open, got %q", s.OnFailure)
 	}
+	if s.ReplayFile != "" && s.Type != "redis" {
+		v.add("store.replay_file", "only applies to the redis store (the memory store has nothing to replay)")
+	}
 	if f := s.Fleet; f != nil {
 		if s.Type != "redis" || s.OnFailure != "open" {
 			v.add("store.fleet", "only applies to the redis store with on_failure: open")

@@ -35,6 +35,7 @@ type Metrics struct {
 	storeErrors   *prometheus.CounterVec
 	fallback      *prometheus.CounterVec
 	storeUp       prometheus.Gauge
+	replayPending prometheus.Gauge
 	allowance     *prometheus.CounterVec
 	fallbackEnc   *prometheus.CounterVec
 	waits         *prometheus.HistogramVec
@@ -95,6 +96,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tokengate_store_up",
 			Help: "1 while the bucket store answers, 0 during an outage.",
 		}),
+		replayPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tokengate_store_replay_pending",
+			Help: "Writes the bucket store missed during an outage (settlements, cancellations, outage spend), waiting to be replayed.",
+		}),
 		allowance: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_output_allowance_source_total",
 			Help: "Where admitted requests' output allowance came from: request (its own cap), history (learned estimate) or default (S7).",
@@ -146,7 +151,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "This gateway's fallback limit per bucket while failing open: its share of the fleet's (S21).",
 	})
 	reg.MustRegister(m.requests, m.reserved, m.settled, m.estimateError, m.cutoffs, m.streams,
-		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven,
+		m.storeLatency, m.storeErrors, m.fallback, m.storeUp, m.replayPending, m.allowance, m.fallbackEnc, m.waits, m.debt, m.forgiven,
 		m.gateways, m.fallbackRate, m.clamped, m.unread, m.quotaTokens, m.quotaMoney, m.exhausted)
 	m.limits = newLimitMetrics()
 	reg.MustRegister(m.limits.collectors()...)
@@ -216,13 +221,15 @@ func (m *Metrics) Share(gateways int, fallback buckets.Limit) {
 	m.fallbackRate.Set(fallback.Rate * 60)
 }
 
-// StoreUp sets the store health gauge.
-func (m *Metrics) StoreUp(up bool) {
+// StoreState sets the store health gauge and the writes waiting for
+// replay; pass it as failover.Options.OnState.
+func (m *Metrics) StoreState(up bool, pending int) {
 	if up {
 		m.storeUp.Set(1)
 	} else {
 		m.storeUp.Set(0)
 	}
+	m.replayPending.Set(float64(pending))
 }
 
 // Family maps a model name to a bounded label: the model family, never the
@@ -389,14 +396,49 @@ var _ buckets.SpendAdder = (*Store)(nil)
 
 // AddSpend implements buckets.SpendAdder (op "add_spend"); a wrapped store
 // that cannot add spend answers an error wrapping errors.ErrUnsupported.
-func (s *Store) AddSpend(ctx context.Context, ss []buckets.Spend) error {
+func (s *Store) AddSpend(ctx context.Context, id string, ss []buckets.Spend) error {
 	a, ok := s.Store.(buckets.SpendAdder)
 	if !ok {
 		return fmt.Errorf("metrics: add spend: %T: %w", s.Store, errors.ErrUnsupported)
 	}
 	start := time.Now()
-	err := a.AddSpend(ctx, ss)
+	err := a.AddSpend(ctx, id, ss)
 	s.observe("add_spend", start, err)
+	return err
+}
+
+var _ buckets.Replayer = (*Store)(nil)
+
+// Replay implements buckets.Replayer (op "replay"): the settlements the
+// failover store replays after an outage. A wrapped store that cannot
+// replay settles once through its records.
+func (s *Store) Replay(ctx context.Context, r *buckets.Reservation, actual float64, sent bool) ([]buckets.BucketState, error) {
+	start := time.Now()
+	var st []buckets.BucketState
+	var err error
+	if rp, ok := s.Store.(buckets.Replayer); ok {
+		st, err = rp.Replay(ctx, r, actual, sent)
+	} else {
+		st, err = s.Store.Settle(ctx, r, actual)
+	}
+	s.observe("replay", start, err)
+	return st, err
+}
+
+// Cancel implements buckets.Replayer (op "cancel"): reservations whose
+// reply was lost, cancelled once the store answers again. A wrapped store
+// that cannot cancel settles them at zero.
+func (s *Store) Cancel(ctx context.Context, r *buckets.Reservation) error {
+	start := time.Now()
+	var err error
+	if rp, ok := s.Store.(buckets.Replayer); ok {
+		err = rp.Cancel(ctx, r)
+	} else {
+		rc := *r
+		rc.Spent = 0
+		_, err = s.Store.Settle(ctx, &rc, 0)
+	}
+	s.observe("cancel", start, err)
 	return err
 }
 

@@ -223,7 +223,7 @@ func TestAddSpendThroughInstrumentedStore(t *testing.T) {
 	}
 	q := buckets.Quota{Name: "q", Key: "q", Window: w, Limit: 100}
 	ctx := context.Background()
-	if err := add.AddSpend(ctx, []buckets.Spend{{Quota: q, Window: w.Span(time.Now()), Amount: 7}}); err != nil {
+	if err := add.AddSpend(ctx, "r1", []buckets.Spend{{Quota: q, Window: w.Span(time.Now()), Amount: 7}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, qs, err := mem.Inspect(ctx, nil, []buckets.Quota{q}); err != nil || qs[0].Spent != 7 {

@@ -39,14 +39,14 @@ func RunAddSpend(t *testing.T, open Open) {
 		}
 		return []float64{qs[0].Spent, qs[1].Spent}
 	}
-	if err := add.AddSpend(ctx, []buckets.Spend{{Quota: tokens, Window: span, Amount: 300}, {Quota: money, Window: span, Amount: 2.5}}); err != nil {
+	if err := add.AddSpend(ctx, "s1", []buckets.Spend{{Quota: tokens, Window: span, Amount: 300}, {Quota: money, Window: span, Amount: 2.5}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := spent(); got[0] != 300 || got[1] != 2.5 {
 		t.Fatalf("spent %v after adding 300 tokens and 2.5 micro-units, want [300 2.5]", got)
 	}
 	// Beyond the limit: the money is spent.
-	if err := add.AddSpend(ctx, []buckets.Spend{{Quota: tokens, Window: span, Amount: 800}}); err != nil {
+	if err := add.AddSpend(ctx, "s2", []buckets.Spend{{Quota: tokens, Window: span, Amount: 800}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := spent(); got[0] != 1100 {
@@ -61,7 +61,7 @@ func RunAddSpend(t *testing.T, open Open) {
 	}
 	// A window long gone is left alone.
 	old := month.Span(clock.Now().Add(-90 * 24 * time.Hour))
-	if err := add.AddSpend(ctx, []buckets.Spend{{Quota: tokens, Window: old, Amount: 5}}); err != nil {
+	if err := add.AddSpend(ctx, "s3", []buckets.Spend{{Quota: tokens, Window: old, Amount: 5}}); err != nil {
 		t.Errorf("AddSpend to a window that ended long ago: %v", err)
 	}
 	// Invalid spends change nothing.
@@ -71,7 +71,7 @@ func RunAddSpend(t *testing.T, open Open) {
 		{{Quota: tokens, Amount: 1}},
 		{{Quota: buckets.Quota{Name: "bad", Key: "k", Window: month, Limit: -1}, Window: span, Amount: 1}},
 	} {
-		if err := add.AddSpend(ctx, bad); !errors.Is(err, buckets.ErrInvalidRequest) && !errors.Is(err, buckets.ErrInvalidLimit) {
+		if err := add.AddSpend(ctx, "s4", bad); !errors.Is(err, buckets.ErrInvalidRequest) && !errors.Is(err, buckets.ErrInvalidLimit) {
 			t.Errorf("AddSpend(%+v) = %v, want an invalid request", bad, err)
 		}
 	}

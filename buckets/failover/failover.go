@@ -7,7 +7,9 @@
 // calling the primary for a short back-off, so a dead Redis does not make
 // every request wait for a timeout and goroutines do not pile up on it; the
 // first call after the back-off probes the primary again, and its success
-// ends the outage. State changes are logged once each, not per request.
+// ends the outage — as does a heartbeat or a probe of Run, so that an
+// outage ends when the primary answers, not with the next request. State
+// changes are logged once each, not per request.
 //
 // A caller's cancellation or deadline is never an outage: an error from a
 // call whose own context has ended passes through unchanged, without
@@ -31,11 +33,13 @@
 // Every gateway of a fleet failing open with its own fallback would admit
 // the fallback once per gateway: the quota multiplied (S20). With
 // Options.Fleet, gateways announce themselves in the shared store with a
-// heartbeat (Heartbeats), and Options.Fallback is the fleet's: each gateway
+// heartbeat (Run), and Options.Fallback is the fleet's: each gateway
 // falls back to Fallback divided by the gateways it last saw alive, never
 // below Options.FallbackFloor. The fleet then admits about Fallback during
 // an outage — more only by a gateway that joined within the last heartbeat,
-// or when the floor is above the share.
+// or when the floor is above the share. A concurrency limit's maximum is
+// divided likewise, rounded down and never below one: a fleet of more
+// gateways than a limit's maximum admits one request per gateway.
 //
 // # Quotas during an outage
 //
@@ -51,8 +55,27 @@
 // Retry-After to the window's end. A window this gateway has not been told
 // about since it started counts as unspent. What the local store spent is
 // added to the shared windows once the primary answers again (queued with
-// the settlements, within MaxPending); a replay whose answer is lost is
-// tried again, so a lost answer can count a spend twice.
+// the settlements, within MaxPending), once: by the ID of the local
+// reservation, however often the replay is sent.
+//
+// # What the primary missed
+//
+// Every write the primary may have missed is kept and replayed once it
+// answers again — found by the heartbeat or a probe (Run), not only by the
+// next request — and each applies once however often it is sent
+// (buckets.Replayer, buckets.SpendAdder):
+//
+//   - a settlement it could not take, replayed also after the
+//     reservation's record has expired, so the window is charged the
+//     usage and not the reservation;
+//   - a reservation whose reply was lost (buckets.IncompleteError),
+//     cancelled: settled at zero if it was made, and a late copy of it
+//     takes nothing;
+//   - the quota spend of what the local store admitted (see above).
+//
+// A gateway that stops replays what it can within its shutdown grace
+// (Drain), and can save the rest for its next start (SavePending,
+// LoadPending).
 package failover
 
 import (
@@ -87,7 +110,7 @@ type Options struct {
 	// divides by the gateways alive (see Fleet).
 	Fallback buckets.Limit
 	// Fleet, when set, counts the gateways sharing the store: each gateway
-	// announces itself every HeartbeatEvery (Heartbeats), and while the
+	// announces itself every HeartbeatEvery (Run), and while the
 	// store is down its fallback is Fallback divided by the gateways it
 	// last saw alive, so the fleet admits about Fallback in all, not
 	// Fallback per gateway. A gateway that has not yet reached the store
@@ -97,14 +120,19 @@ type Options struct {
 	// fleet still admits requests of a useful size; with it the fleet may
 	// admit up to gateways × FallbackFloor when that is more than Fallback.
 	FallbackFloor buckets.Limit
-	// HeartbeatEvery is how often Heartbeats beats; a heartbeat lives three
-	// times as long. Zero means one second.
+	// HeartbeatEvery is how often Run beats, or probes the primary while it
+	// is down; a heartbeat lives three times as long. Zero means one
+	// second.
 	HeartbeatEvery time.Duration
 	// GatewayID names this gateway in the fleet; empty means a random one.
 	GatewayID string
 	// OnShare, if set, is called when the gateways alive, and so this
 	// gateway's fallback limit, change (for metrics).
 	OnShare func(gateways int, fallback buckets.Limit)
+	// Probe, when set, is what Run asks while the primary is down whether
+	// it answers again, when there is no Fleet to beat; nil uses the
+	// primary when it is a Pinger.
+	Probe Pinger
 	// Backoff is how long the primary is left alone after a failure before
 	// it is probed again; zero means one second.
 	Backoff time.Duration
@@ -116,8 +144,12 @@ type Options struct {
 	// OnFallback, if set, is called for every operation answered while the
 	// primary is down (for metrics).
 	OnFallback func(op string)
-	// MaxPending bounds the settlements kept for replay while the primary
-	// is down; zero means 100000. Beyond it the oldest are dropped: their
+	// OnState, if set, is called when the primary goes down or answers
+	// again, and when the writes waiting for replay change in number (for
+	// metrics: replays wait only while the primary is down).
+	OnState func(up bool, pending int)
+	// MaxPending bounds the writes kept for replay while the primary is
+	// down; zero means 100000. Beyond it the oldest are dropped: their
 	// reservations stay charged and their slots expire with their lease.
 	MaxPending int
 }
@@ -140,8 +172,9 @@ type Store struct {
 	localExtended sync.Map
 
 	mu        sync.Mutex
-	pending   []pendingSettle // settlements the primary missed, oldest first
+	pending   []pendingOp // writes the primary missed, oldest first
 	replaying bool
+	replayed  chan struct{} // closed when the running replay ends
 
 	gateways atomic.Int64 // alive at the last heartbeat, see Fleet
 
@@ -149,17 +182,30 @@ type Store struct {
 	outages atomic.Int64 // outages begun, the first is 1
 }
 
-// pendingSettle is a settlement to replay once the primary answers again.
-// Settlement is once-only per reservation ID, so a replay can never charge
-// twice.
-type pendingSettle struct {
-	r      buckets.Reservation
-	actual float64
-	// spends, when not nil, replaces the settlement: quota spend of a
-	// reservation the local store took during an outage, for the shared
-	// windows (see quota.go).
-	spends []buckets.Spend
+// pendingOp is a write the primary missed, to replay once it answers
+// again. Each kind applies once per reservation ID however often it is
+// replayed, so a replay whose reply is lost can be sent again.
+type pendingOp struct {
+	Kind pendingKind `json:"kind"`
+	// R is the reservation to settle (Actual its usage) or to cancel.
+	R      *buckets.Reservation `json:"reservation,omitempty"`
+	Actual float64              `json:"actual,omitempty"`
+	// Sent: an earlier Settle of R may have reached the primary, which
+	// then cannot tell a record it settled from one that expired.
+	Sent bool `json:"sent,omitempty"`
+	// ID and Spends: the quota spend of a reservation the local store
+	// took during an outage, for the shared windows (see quota.go).
+	ID     string          `json:"id,omitempty"`
+	Spends []buckets.Spend `json:"spends,omitempty"`
 }
+
+type pendingKind string
+
+const (
+	settleOp pendingKind = "settle"
+	cancelOp pendingKind = "cancel"
+	spendOp  pendingKind = "spend"
+)
 
 var _ buckets.Store = (*Store)(nil)
 
@@ -215,6 +261,7 @@ func (s *Store) failed(ctx context.Context, err error) bool {
 			mode = "open: admitting against the local fallback limit"
 		}
 		s.opts.Logger.Error("bucket store unreachable; failing "+mode, "err", err)
+		s.state()
 	}
 	return true
 }
@@ -222,31 +269,61 @@ func (s *Store) failed(ctx context.Context, err error) bool {
 func (s *Store) succeeded() {
 	if s.down.Swap(false) {
 		s.opts.Logger.Info("bucket store reachable again; shared limits apply")
+		s.state()
 		s.startReplay()
 	}
 }
 
-// keep queues a settlement the primary could not take.
-func (s *Store) keep(r *buckets.Reservation, actual float64) {
-	s.queue(pendingSettle{r: *r, actual: actual})
+// state tells OnState how things stand.
+func (s *Store) state() {
+	if s.opts.OnState != nil {
+		s.opts.OnState(!s.down.Load(), s.Pending())
+	}
+}
+
+// keep queues a settlement the primary could not take: r, or, when err
+// says which part of it the primary did not settle, that part.
+func (s *Store) keep(r *buckets.Reservation, actual float64, err error) {
+	p := pendingOp{Kind: settleOp, R: r, Actual: actual, Sent: err != nil}
+	var inc *buckets.IncompleteError
+	if errors.As(err, &inc) {
+		p.R, p.Sent = inc.Rest, inc.Sent
+	}
+	rc := *p.R
+	p.R = &rc
+	s.queue(p)
+}
+
+// keepCancel queues the cancellation of a reservation the primary may
+// have made although its Reserve failed.
+func (s *Store) keepCancel(err error) {
+	var inc *buckets.IncompleteError
+	if errors.As(err, &inc) {
+		rc := *inc.Rest
+		s.queue(pendingOp{Kind: cancelOp, R: &rc})
+	}
 }
 
 // queue adds p to the replay queue, dropping the oldest beyond MaxPending.
-func (s *Store) queue(p pendingSettle) {
+func (s *Store) queue(p pendingOp) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if len(s.pending) >= s.opts.MaxPending {
-		if s.pending[0].spends != nil {
+		switch s.pending[0].Kind {
+		case spendOp:
 			s.fallback("spend_dropped")
-		} else {
+		case cancelOp:
+			s.fallback("cancel_dropped")
+		default:
 			s.fallback("settle_dropped")
 		}
 		s.pending = s.pending[1:]
 	}
 	s.pending = append(s.pending, p)
+	s.mu.Unlock()
+	s.state()
 }
 
-// Pending is the number of settlements waiting for the primary.
+// Pending is the number of writes waiting for replay on the primary.
 func (s *Store) Pending() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -260,54 +337,132 @@ func (s *Store) replayingNow() bool {
 	return s.replaying
 }
 
-// startReplay settles, in the background, what the primary missed while it
-// was down. One replay runs at a time; it stops at the next failure and
-// resumes at the next recovery.
+// startReplay replays, in the background, what the primary missed while
+// it was down. One replay runs at a time; it stops at the next failure and
+// resumes when the primary answers again.
 func (s *Store) startReplay() {
-	s.mu.Lock()
-	if s.replaying || len(s.pending) == 0 {
-		s.mu.Unlock()
-		return
+	if s.claimReplay() {
+		go s.replay(context.Background())
 	}
-	s.replaying = true
-	s.mu.Unlock()
-	go func() {
-		replayed := 0
-		for {
-			s.mu.Lock()
-			if len(s.pending) == 0 || s.down.Load() {
-				s.replaying = false
-				s.mu.Unlock()
-				break
-			}
-			p := s.pending[0]
-			s.pending = s.pending[1:]
-			s.mu.Unlock()
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			var err error
-			if p.spends != nil {
-				err = s.primary.(buckets.SpendAdder).AddSpend(ctx, p.spends)
-			} else {
-				_, err = s.primary.Settle(ctx, &p.r, p.actual)
-			}
-			failed := s.failed(ctx, err)
-			cancel()
-			if err != nil && !failed {
-				s.opts.Logger.Warn("a settlement missed during the outage could not be replayed", "err", err)
-			}
-			if failed {
-				s.mu.Lock()
-				s.pending = append([]pendingSettle{p}, s.pending...)
-				s.replaying = false
-				s.mu.Unlock()
-				break
-			}
-			replayed++
-		}
+}
+
+// claimReplay makes the caller the one replayer, if there is something to
+// replay and no other.
+func (s *Store) claimReplay() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.replaying || len(s.pending) == 0 {
+		return false
+	}
+	s.replaying, s.replayed = true, make(chan struct{})
+	return true
+}
+
+// replay, run by the claimant of claimReplay, replays the queue in order
+// until it is empty, the primary fails, or ctx ends. It reports whether
+// the queue is empty.
+func (s *Store) replay(ctx context.Context) bool {
+	replayed := 0
+	defer func() {
+		s.mu.Lock()
+		s.replaying = false
+		close(s.replayed)
+		s.mu.Unlock()
 		if replayed > 0 {
-			s.opts.Logger.Info("settlements missed during the outage were replayed", "count", replayed)
+			s.opts.Logger.Info("writes missed during the outage were replayed", "count", replayed)
+			s.state()
 		}
 	}()
+	for ctx.Err() == nil {
+		s.mu.Lock()
+		if len(s.pending) == 0 {
+			s.mu.Unlock()
+			return true
+		}
+		p := s.pending[0]
+		s.pending = s.pending[1:]
+		s.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := s.replayOne(cctx, p)
+		cancel()
+		// The replay's context is the store's own: its end is the
+		// primary's failure, or the end of Drain, not a caller going away.
+		if err != nil && (isOutage(err) || ctx.Err() != nil) {
+			s.failed(context.Background(), err)
+			s.mu.Lock()
+			s.pending = append([]pendingOp{p}, s.pending...)
+			s.mu.Unlock()
+			return false
+		}
+		if err != nil {
+			s.opts.Logger.Warn("a write missed during the outage could not be replayed", "kind", string(p.Kind), "err", err)
+		}
+		replayed++
+	}
+	return false
+}
+
+// replayOne applies p on the primary, once whatever came before: through
+// buckets.Replayer where the primary is one (a plain Settle otherwise,
+// once through its record while that lives).
+func (s *Store) replayOne(ctx context.Context, p pendingOp) error {
+	rp, replayer := s.primary.(buckets.Replayer)
+	switch {
+	case p.Kind == spendOp:
+		add, ok := s.primary.(buckets.SpendAdder)
+		if !ok {
+			return nil
+		}
+		return add.AddSpend(ctx, p.ID, p.Spends)
+	case p.Kind == cancelOp && replayer:
+		return rp.Cancel(ctx, p.R)
+	case p.Kind == cancelOp:
+		r := *p.R
+		r.Spent = 0
+		_, err := s.primary.Settle(ctx, &r, 0)
+		return err
+	case replayer:
+		_, err := rp.Replay(ctx, p.R, p.Actual, p.Sent)
+		return err
+	}
+	_, err := s.primary.Settle(ctx, p.R, p.Actual)
+	return err
+}
+
+// Drain replays what the primary missed, for a gateway that stops: until
+// the queue is empty or ctx ends, probing the primary every Backoff while
+// it fails. It returns how many writes are still unreplayed; save them
+// with SavePending, or they are lost (their reservations stay charged).
+func (s *Store) Drain(ctx context.Context) int {
+	for {
+		if s.claimReplay() {
+			if s.replay(ctx) {
+				return s.Pending()
+			}
+		} else {
+			s.mu.Lock()
+			n, running, done := len(s.pending), s.replaying, s.replayed
+			s.mu.Unlock()
+			if n == 0 {
+				return 0
+			}
+			if running {
+				select {
+				case <-done:
+					continue
+				case <-ctx.Done():
+					return s.Pending()
+				}
+			}
+		}
+		t := time.NewTimer(s.opts.Backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return s.Pending()
+		}
+	}
 }
 
 // isOutage reports whether err, from a call whose caller still waits, is
@@ -340,9 +495,20 @@ func (s *Store) localBucket(b buckets.Bucket) buckets.Bucket {
 	return b
 }
 
-// localRequest maps the request's buckets with localBucket and, when the
-// shared buckets could admit its cost but the local ones cannot hold it,
-// lowers its cost to what they can hold.
+// localSlot is sl as the fallback checks it: with a Fleet, its maximum
+// divided by the gateways alive (S20, as the buckets' fallback is), rounded
+// down so that the fleet admits at most Max, but never below one.
+func (s *Store) localSlot(sl buckets.Slot) buckets.Slot {
+	if n := int(s.gateways.Load()); s.opts.Fleet != nil && n > 1 {
+		sl.Max = max(1, sl.Max/n)
+	}
+	return sl
+}
+
+// localRequest maps the request's buckets with localBucket and its
+// concurrency limits with localSlot and, when the shared buckets could
+// admit its cost but the local ones cannot hold it, lowers its cost to
+// what they can hold.
 func (s *Store) localRequest(req buckets.Request) buckets.Request {
 	bs := make([]buckets.Bucket, len(req.Buckets))
 	fits := true
@@ -356,6 +522,13 @@ func (s *Store) localRequest(req buckets.Request) buckets.Request {
 		req.Cost = most
 	}
 	req.Buckets = bs
+	if len(req.Slots) > 0 {
+		ss := make([]buckets.Slot, len(req.Slots))
+		for j, sl := range req.Slots {
+			ss[j] = s.localSlot(sl)
+		}
+		req.Slots = ss
+	}
 	return req
 }
 
@@ -370,6 +543,10 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 			}
 			return d, err
 		}
+		// The primary may have made the reservation and lost the reply:
+		// it is cancelled once the primary answers again, so the request,
+		// refused or admitted locally now, is not charged twice.
+		s.keepCancel(err)
 	}
 	if err := ctx.Err(); err != nil {
 		return buckets.Decision{}, fmt.Errorf("failover: reserve: %w", err)
@@ -438,8 +615,8 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 // Settle implements buckets.Store. Reservations taken locally settle
 // locally. A settlement the primary cannot take during an outage is kept
 // (bounded by MaxPending) and replayed when the primary answers again, so
-// refunds and slot releases are not lost to a short outage; until then the
-// reservation stays charged (the safe side).
+// refunds and slot releases are not lost to an outage, however long; until
+// then the reservation stays charged (the safe side).
 //
 // The part of Extended that the fallback debited during an outage is not
 // settled on the primary, which never took it.
@@ -458,12 +635,12 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	}
 	if s.skipPrimary() {
 		s.fallback("settle")
-		s.keep(r, actual)
+		s.keep(r, actual, nil)
 		return nil, fmt.Errorf("failover: settle: kept for replay: %w", buckets.ErrStore)
 	}
 	st, err := s.primary.Settle(ctx, r, actual)
 	if s.failed(context.WithoutCancel(ctx), err) {
-		s.keep(r, actual)
+		s.keep(r, actual, err)
 	} else if err == nil {
 		s.succeeded()
 	}
@@ -494,7 +671,7 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 	kept := *r
 	as.SettleAsync(r, actual, func(st []buckets.BucketState, err error) {
 		if s.failed(context.Background(), err) {
-			s.keep(&kept, actual)
+			s.keep(&kept, actual, err)
 		} else if err == nil {
 			s.succeeded()
 		}

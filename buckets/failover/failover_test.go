@@ -402,7 +402,7 @@ func (f *fakeFleet) Leave(ctx context.Context, gateway string) error {
 	return nil
 }
 
-// The share of a fleet's fallback never drops below the floor; Heartbeats
+// The share of a fleet's fallback never drops below the floor; Run
 // beats until its context ends, then leaves the fleet.
 func TestFleetShareFloorAndLeave(t *testing.T) {
 	ff := &fakeFleet{alive: 10}
@@ -414,7 +414,7 @@ func TestFleetShareFloorAndLeave(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { s.Heartbeats(ctx); close(done) }()
+	go func() { s.Run(ctx); close(done) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		ff.mu.Lock()
@@ -476,5 +476,42 @@ func TestInspectThroughPrimary(t *testing.T) {
 		if _, qs, err := s.Inspect(ctx, r.Buckets, r.Quotas); err != nil || qs[0].Spent != 5 {
 			t.Errorf("mode %v: Inspect after recovery = %+v, %v", mode, qs, err)
 		}
+	}
+}
+
+// TestFailOpenConcurrencyIsDividedAcrossTheFleet: failing open, a
+// concurrency limit's maximum is the fleet's, as the buckets' fallback is
+// (S20): each of 3 gateways admits a third of 6 requests in flight per key,
+// not 6 each; a maximum below the gateways alive still admits one each.
+func TestFailOpenConcurrencyIsDividedAcrossTheFleet(t *testing.T) {
+	for _, c := range []struct{ max, gateways, each int }{{6, 3, 2}, {7, 3, 2}, {2, 3, 1}, {6, 1, 6}} {
+		t.Run(fmt.Sprintf("max %d over %d gateways", c.max, c.gateways), func(t *testing.T) {
+			p, s, _ := setup(Open)
+			s.opts.Fleet = &fakeFleet{alive: c.gateways}
+			s.opts.Fallback = buckets.Limit{Capacity: 1000, Rate: 1}
+			ctx := context.Background()
+			if err := s.Beat(ctx); err != nil {
+				t.Fatal(err)
+			}
+			p.down = true
+			slot := buckets.Slot{Name: "conc", Key: "u1", Max: c.max, Lease: time.Minute}
+			admitted := 0
+			for i := range c.max + 1 {
+				r := req(fmt.Sprint("r", i), 1)
+				r.Slots = []buckets.Slot{slot}
+				d, err := s.Reserve(ctx, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.OK {
+					admitted++
+				} else if d.Reason != buckets.ConcurrencyFull {
+					t.Fatalf("refusal %v, want concurrency full", d.Reason)
+				}
+			}
+			if admitted != c.each {
+				t.Errorf("a gateway of %d admitted %d requests in flight of a limit of %d, want %d", c.gateways, admitted, c.max, c.each)
+			}
+		})
 	}
 }

@@ -37,16 +37,26 @@ func (s *Store) share() buckets.Limit {
 // heartbeat that reached the store; zero before the first.
 func (s *Store) Gateways() int { return int(s.gateways.Load()) }
 
+// Pinger is a primary store that can be asked whether it answers, writing
+// nothing: Run probes it while it is down, when there is no Fleet to beat.
+// The Redis store implements it.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Beat sends one heartbeat and, when it is answered, divides the fleet's
-// fallback by the gateways alive. During an outage the last count stands.
+// fallback by the gateways alive, and ends an outage (replaying what the
+// primary missed). During an outage the last count stands.
 func (s *Store) Beat(ctx context.Context) error {
 	if s.opts.Fleet == nil {
 		return nil
 	}
 	n, err := s.opts.Fleet.Heartbeat(ctx, s.opts.GatewayID, 3*s.opts.HeartbeatEvery)
 	if err != nil {
+		s.failed(ctx, err)
 		return fmt.Errorf("failover: heartbeat: %w", err)
 	}
+	s.succeeded()
 	if old := s.gateways.Swap(int64(n)); old != int64(n) {
 		if s.opts.OnShare != nil {
 			s.opts.OnShare(n, s.share())
@@ -56,21 +66,24 @@ func (s *Store) Beat(ctx context.Context) error {
 	return nil
 }
 
-// Heartbeats beats every Options.HeartbeatEvery until ctx ends, then takes
-// the gateway out of the fleet, so the others' shares grow at once. Run it
-// in its own goroutine for as long as the gateway serves.
-func (s *Store) Heartbeats(ctx context.Context) {
-	if s.opts.Fleet == nil {
-		return
-	}
+// Run does the store's background work until ctx ends. Every
+// Options.HeartbeatEvery it beats (with a Fleet) or, while the primary is
+// down or writes wait for replay, probes the primary (a Pinger); either
+// answered ends the outage, so what the primary missed is replayed as soon
+// as it answers, not with the next request. When ctx ends it takes the
+// gateway out of the fleet, so the others' shares grow at once. Run it in
+// its own goroutine for as long as the gateway serves; call Drain after it
+// returns.
+func (s *Store) Run(ctx context.Context) {
 	t := time.NewTicker(s.opts.HeartbeatEvery)
 	defer t.Stop()
 	for {
-		if err := s.Beat(ctx); err != nil && ctx.Err() == nil {
-			s.opts.Logger.Debug("heartbeat not answered", "err", err)
-		}
+		s.tick(ctx)
 		select {
 		case <-ctx.Done():
+			if s.opts.Fleet == nil {
+				return
+			}
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
 			if err := s.opts.Fleet.Leave(lctx, s.opts.GatewayID); err != nil {
@@ -79,6 +92,33 @@ func (s *Store) Heartbeats(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// probe is what Run asks whether the primary answers: Options.Probe, or
+// the primary itself.
+func (s *Store) probe() Pinger {
+	if s.opts.Probe != nil {
+		return s.opts.Probe
+	}
+	p, _ := s.primary.(Pinger)
+	return p
+}
+
+// tick is one round of Run's work.
+func (s *Store) tick(ctx context.Context) {
+	if s.opts.Fleet != nil {
+		if err := s.Beat(ctx); err != nil && ctx.Err() == nil {
+			s.opts.Logger.Debug("heartbeat not answered", "err", err)
+		}
+	} else if p := s.probe(); p != nil && (s.down.Load() || s.Pending() > 0) {
+		err := p.Ping(ctx)
+		if !s.failed(ctx, err) && err == nil {
+			s.succeeded()
+		}
+	}
+	if !s.down.Load() {
+		s.startReplay()
 	}
 }
 

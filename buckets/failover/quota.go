@@ -113,7 +113,7 @@ func (s *Store) keepSpend(r *buckets.Reservation, actual float64) {
 	if len(ss) == 0 {
 		return
 	}
-	s.queue(pendingSettle{spends: ss})
+	s.queue(pendingOp{Kind: spendOp, ID: r.ID, Spends: ss})
 	if !s.down.Load() {
 		s.startReplay()
 	}

@@ -58,9 +58,11 @@
 //
 // # Failure
 //
-// A lease call that fails may or may not have been applied: what it gave
-// back is taken as given, what it owed as still owed, and nothing as
-// granted — the safe side each time. For Options.Backoff no lease call is
+// A lease call whose reply is lost is sent again by the Redis store, and
+// applies once however many of its copies run: a take sent again answers
+// the grant of the first. One that fails for good may or may not have been
+// applied: what it gave back is taken as given, what it owed as still
+// owed, and nothing as granted — the safe side each time. For Options.Backoff no lease call is
 // made: requests take from the leases this gateway still holds, and what
 // they cannot take is reserved in the inner store, whose failure mode (a
 // failover store) decides. A gateway that dies loses what it held: those

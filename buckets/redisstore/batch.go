@@ -39,7 +39,7 @@ type op struct {
 	reserve bool
 	g       group
 	id      string // idPart of the reservation ID
-	record  string // the record key; "" for a settle that always applies
+	record  string // the record key; "" for a settle without a record (a spend)
 	bs      []buckets.Bucket
 	ss      []buckets.Slot
 	qs      []buckets.Quota
@@ -55,6 +55,15 @@ type op struct {
 	delta  func(buckets.Bucket) float64
 	refund float64
 	qdelta func(j int) float64
+	// tomb leaves a tombstone: two copies of the reserve may run, and one
+	// may come after this settle (see batchLua).
+	tomb bool
+	// marker, for a replay, is its marker key, kept markTTL (ms): a replay
+	// applies also without the record, once; maybe says an earlier copy
+	// of the settlement may have applied (only debits apply then).
+	marker  string
+	markTTL float64
+	maybe   bool
 	// ----
 	obs    []buckets.Observation // indexed like bs; each op writes its own
 	spent  []float64             // reserve: indexed like qs; likewise
@@ -62,6 +71,7 @@ type op struct {
 	full   int // index into ss of the full slot, or -1
 	done   bool
 	err    error
+	copies sent // of the script call that ran the op (see Store.call)
 	// wake receives nil when the op is done, or the batch it must run. A
 	// queued settlement has no caller waiting: then is called instead.
 	wake chan []*op
@@ -72,7 +82,29 @@ func (o *op) numbers() int {
 	if o.reserve {
 		return 8 + 7*len(o.g.buckets) + 4*len(o.g.quotas) + 3*len(o.g.slots)
 	}
-	return 5 + 7*len(o.g.buckets) + 3*len(o.g.quotas) + len(o.g.slots)
+	n := 5 + 7*len(o.g.buckets) + 3*len(o.g.quotas) + len(o.g.slots)
+	if o.marker != "" {
+		n += 2
+	}
+	return n
+}
+
+// kind is the op's kind in batchLua.
+func (o *op) kind() float64 {
+	if o.reserve {
+		return 1
+	}
+	k := 2.0
+	if o.tomb {
+		k++
+	}
+	if o.marker != "" {
+		k += 2
+		if o.maybe {
+			k += 4
+		}
+	}
+	return k
 }
 
 // quotaAmount is what a reserve op takes from quota q.
@@ -193,7 +225,14 @@ func (l *lane) take(own *op) []*op {
 }
 
 // headerNumbers is how many numbers a batch has before its first op's.
-const headerNumbers = 4
+const headerNumbers = 5
+
+// repeatMS is buckets.RepeatWindow in milliseconds, and repeatUS in
+// microseconds, as the scripts take it.
+var (
+	repeatMS = buckets.RepeatWindow.Milliseconds()
+	repeatUS = float64(buckets.RepeatWindow.Microseconds())
+)
 
 // lead runs batch and tells its ops but own, the caller's (nil when the
 // caller is a timer or Flush). Then it hands the lane's call to the oldest
@@ -253,14 +292,12 @@ func (k *batchKeys) of(key string) float64 {
 // runBatch sends batch in one script call and writes each op's results.
 func (s *Store) runBatch(ctx context.Context, batch []*op) {
 	keys, args := s.batchArgs(batch)
-	out, err := s.run(ctx, batchScript, keys, args)
+	out, copies, err := s.call(ctx, batchScript, keys, args)
 	if err == nil {
 		err = s.readBatch(out, batch)
 	}
-	if err != nil {
-		for _, o := range batch {
-			o.err = err
-		}
+	for _, o := range batch {
+		o.err, o.copies = err, copies
 	}
 }
 
@@ -292,20 +329,18 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 	}
 	nqk := len(k.keys) - nbk
 	packed := make([]byte, 0, 8*count)
-	packed = pack(packed, float64(len(batch)), float64(nbk), float64(nqk), maxInline)
+	packed = pack(packed, float64(len(batch)), float64(nbk), float64(nqk), maxInline, repeatUS)
 	args := make([]any, 3, 3+len(batch))
 	for _, o := range batch {
 		rec := 0.0
 		if o.record != "" {
 			rec = k.of(o.record)
 		}
-		kind := 2.0
-		if o.reserve {
-			kind = 1
-		}
-		packed = pack(packed, kind, float64(len(o.g.buckets)), float64(len(o.g.slots)), float64(len(o.g.quotas)), rec)
+		packed = pack(packed, o.kind(), float64(len(o.g.buckets)), float64(len(o.g.slots)), float64(len(o.g.quotas)), rec)
 		if o.reserve {
 			packed = pack(packed, o.cost, o.maxWait.Seconds(), float64(o.life.Microseconds()))
+		} else if o.marker != "" {
+			packed = pack(packed, k.of(o.marker), o.markTTL)
 		}
 		for _, i := range o.g.buckets {
 			b := o.bs[i]
@@ -420,28 +455,20 @@ var _ buckets.AsyncSettler = (*Store)(nil)
 // request at a time thus writes each settlement with the next reservation:
 // one script call per request instead of two.
 func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
-	if r == nil || r.ID == "" {
+	if r == nil {
 		finish(done, nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest))
 		return
 	}
-	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
-		finish(done, nil, err)
-		return
-	}
-	if err := r.ValidateQuotas(); err != nil {
-		finish(done, nil, err)
-		return
-	}
 	rc := *r
-	gs := s.groups(rc.Buckets, rc.Slots, rc.Quotas)
-	if len(gs) == 0 {
+	ops, obs, err := s.settleOps(&rc, actual, settleOpen)
+	if err != nil {
+		finish(done, nil, err)
+		return
+	}
+	if len(ops) == 0 {
 		finish(done, []buckets.BucketState{}, nil)
 		return
 	}
-	obs := make([]buckets.Observation, len(rc.Buckets))
-	delta := func(b buckets.Bucket) float64 { return rc.Charged(b) - actual }
-	qdelta := func(j int) float64 { return rc.UsedQuota(rc.Quotas[j], actual) - rc.ChargedQuota(rc.Quotas[j]) }
-	ops := make([]op, len(gs))
 	var left atomic.Int32
 	left.Store(int32(len(ops)))
 	s.pending(1)
@@ -450,23 +477,11 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 			return
 		}
 		defer s.pending(-1)
-		for k := range ops {
-			if err := ops[k].err; err != nil {
-				finish(done, nil, fmt.Errorf("redisstore: settle: %w", err))
-				return
-			}
-		}
-		states := make([]buckets.BucketState, len(rc.Buckets))
-		for i, b := range rc.Buckets {
-			states[i] = buckets.NewState(b, obs[i])
-		}
-		finish(done, states, nil)
-	}
-	for k, g := range gs {
-		ops[k] = op{g: g, id: idPart(rc.ID), record: s.recordKey(g.tag), bs: rc.Buckets, ss: rc.Slots, qs: rc.Quotas, spans: rc.Windows,
-			delta: delta, qdelta: qdelta, obs: obs, then: then}
+		states, err := s.settled(&rc, ops, obs, "settle")
+		finish(done, states, err)
 	}
 	for k := range ops {
+		ops[k].then = then
 		s.later(&ops[k])
 	}
 }

@@ -180,13 +180,17 @@ func levels(t *testing.T, m *buckets.Memory, chain []buckets.Bucket) []float64 {
 }
 
 // TestRecordsOverflowAndVanish: a holder bucket keeps maxInline records in
-// its value and the rest go to the record key; every reservation still
-// settles exactly once, and once all are settled neither holds anything.
+// its value and the rest go to the record key, which its spill mark says
+// for the repeat window; every reservation still settles exactly once,
+// and once all are settled neither holds anything, and the mark goes with
+// the window.
 func TestRecordsOverflowAndVanish(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
 	st := New(c, Options{})
+	now := time.Unix(1_800_000_000, 0)
+	SetScriptClock(st, func() time.Time { return now })
 	ctx := context.Background()
 	b := buckets.Bucket{Name: "b", Key: "k", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9}}
 	const n = 40
@@ -205,8 +209,8 @@ func TestRecordsOverflowAndVanish(t *testing.T) {
 	if got := c.ZCard(ctx, st.recordKey("k")).Val(); got != n-maxInline {
 		t.Errorf("record key holds %d records, want %d beyond the holder's %d", got, n-maxInline, maxInline)
 	}
-	if want := 24 + maxInline*(9+32); len(v) != want {
-		t.Errorf("holder value of %d bytes, want %d (header and %d records of 32-byte IDs)", len(v), want, maxInline)
+	if want := 24 + 9 + maxInline*(9+32); len(v) != want {
+		t.Errorf("holder value of %d bytes, want %d (header, spill mark and %d records of 32-byte IDs)", len(v), want, maxInline)
 	}
 	for round := range 2 { // the second round changes nothing
 		for _, r := range res {
@@ -225,11 +229,22 @@ func TestRecordsOverflowAndVanish(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v := c.Get(ctx, st.bucketKey("k")).Val(); len(v) != 16 {
-		t.Errorf("holder value of %d bytes after all settled, want 16", len(v))
+	if v := c.Get(ctx, st.bucketKey("k")).Val(); len(v) != 24+9 {
+		t.Errorf("holder value of %d bytes after all settled, want 33 (header and spill mark)", len(v))
 	}
 	if n := c.Exists(ctx, st.recordKey("k")).Val(); n != 0 {
 		t.Errorf("record key still exists after all settled")
+	}
+	now = now.Add(buckets.RepeatWindow)
+	d, err := st.Reserve(ctx, buckets.Request{Cost: 0, Buckets: []buckets.Bucket{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Settle(ctx, d.Reservation, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Get(ctx, st.bucketKey("k")).Val(); len(v) != 16 {
+		t.Errorf("holder value of %d bytes once the repeat window has passed, want 16", len(v))
 	}
 }
 

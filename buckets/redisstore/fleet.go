@@ -61,3 +61,19 @@ func (s *Store) Leave(ctx context.Context, gateway string) error {
 }
 
 var leaveScript = newScript(`return redis.call('ZREM', KEYS[1], ARGV[1])`)
+
+var pingScript = newScript(`return 1`)
+
+// Ping asks Redis whether it answers, writing nothing: failover.Store
+// probes it while Redis is down (failover.Pinger).
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel, err := s.start(ctx, "ping")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if _, err := s.run(ctx, pingScript, nil, nil); err != nil {
+		return fmt.Errorf("redisstore: ping: %w", err)
+	}
+	return nil
+}

@@ -126,18 +126,22 @@ end
 // read once and written once.
 //
 // KEYS: every key of the batch once: first the nbk bucket keys, then the
-// nqk quota keys, then slot and record keys.
+// nqk quota keys, then slot, record and marker keys.
 // ARGV: now, struct format and packed numbers, then one reservation ID per
-// operation. Numbers: nops, nbk, nqk, maxInline; then per operation kind
-// (1 reserve, 2 settle), nb, ns, nq, record key index (0 for none), and
-//   - reserve: cost, max wait (s), lifetime (µs); per bucket key index,
-//     capacity, rate, low, TTL from low (ms), hard (1/0), reserve (the
-//     headroom it must leave); per quota key index, limit, amount, TTL
-//     (ms); per slot key index, max, lease (µs);
-//   - settle: per bucket key index, capacity, rate, low, TTL from low (ms),
-//     floor (-inf for none), delta (charged minus used; positive refunds);
-//     per quota key index, delta (used minus charged: the change of the
-//     spend), TTL (ms); per slot key index.
+// operation. Numbers: nops, nbk, nqk, maxInline, the repeat window (µs);
+// then per operation its kind, nb, ns, nq, record key index (0 for none),
+// and
+//   - reserve (kind 1): cost, max wait (s), lifetime (µs); per bucket key
+//     index, capacity, rate, low, TTL from low (ms), hard (1/0), reserve
+//     (the headroom it must leave); per quota key index, limit, amount,
+//     TTL (ms); per slot key index, max, lease (µs);
+//   - settle (kind 2 plus 1 to leave a tombstone, plus 2 for a replay, plus
+//     4 for a replay of a settlement that may have applied): for a replay
+//     its marker key index and the marker's TTL (ms); per bucket key index,
+//     capacity, rate, low, TTL from low (ms), floor (-inf for none), delta
+//     (charged minus used; positive refunds); per quota key index, delta
+//     (used minus charged: the change of the spend), TTL (ms); per slot key
+//     index.
 //
 // A reserve that admits takes cost from every bucket, its amount from every
 // quota, a lease from every slot, and writes the reservation's record: in
@@ -146,10 +150,30 @@ end
 // its limit (never admissible) or above what its window has left (over
 // quota). A settle with a record key applies only if it finds the record
 // unexpired, and removes it, so it runs once per reservation and a settled
-// request leaves nothing behind (S8); one without (a refund of a partly
-// taken chain, a spend added by AddSpend) always applies. Debits stop at
-// the floor; what they would take below it is forgiven (S9, S14). A
-// quota's spend has no floor but zero.
+// request leaves nothing behind (S8). Debits stop at the floor; what they
+// would take below it is forgiven (S9, S14). A quota's spend has no floor
+// but zero.
+//
+// Every operation is safe to repeat (its reply lost, the gateway sends it
+// again; both copies may run, in either order):
+//
+//   - A reserve whose record exists ran already: it takes nothing and
+//     answers admitted, with the levels as they are. One that finds a
+//     tombstone (see below) takes nothing and answers never admissible.
+//     Looking costs one string.find over the holder's records; the record
+//     key is asked (one ZMSCORE) only for groups without a bucket, or when
+//     the holder's spill mark says that records or tombstones of its
+//     reserves went there within the repeat window: a record of length 0
+//     at the head of its records, whose expiry is when that stops.
+//   - A settle is once-only through its record. A tombstone, member
+//     "%t" .. ID of the record key for the repeat window, keeps a copy of
+//     the reserve that comes after it from taking; settles leave one only
+//     when two copies of the reserve may run (its reply was lost once).
+//   - A replay (an outage's settlement, kept and sent later) also applies
+//     when the record is gone, once, by its marker key; when an earlier
+//     copy may have applied, a replay without the record applies only
+//     debits: what charges more, never a refund. A settle without a
+//     record key is a replay (AddSpend).
 //
 // Returns one packed string of doubles, per operation: for a reserve its
 // status (0 admitted, 1 short of tokens, 2 concurrency full, 3 never
@@ -160,7 +184,7 @@ end
 // bucket.
 const batchLua = luaNow + `
 local p = {struct.unpack(ARGV[2], ARGV[3])}
-local nops, nbk, nqk, maxinline = p[1], p[2], p[3], p[4]
+local nops, nbk, nqk, maxinline, window = p[1], p[2], p[3], p[4], p[5]
 -- Per bucket key index k, in one table B from 8k-7 on (one table, sized
 -- at once, allocates less than one per field): level (+0) and refill
 -- instant (+1); the parameters of its last write (+2, an index into p);
@@ -206,11 +230,41 @@ elseif nbk + nqk > 0 then
   end
 end
 -- Records in record keys, once the batch needs one: per record key, the
--- open reservations this batch has looked up or added there, by ID: their
--- expiry, or false once settled; and whether the key had them (found).
+-- open reservations (and tombstones) this batch has looked up or added
+-- there, by member: their expiry, or false once settled; and whether the
+-- key had them (found).
 local open, found
+local function opened(rec)
+  open = open or {}
+  found = found or {}
+  open[rec] = open[rec] or {}
+  found[rec] = found[rec] or {}
+  return open[rec], found[rec]
+end
+-- spill marks holder h (an index into B) as having records or tombstones
+-- in the record key until u: its record of length 0, at the head.
+local function spill(h, u)
+  local r, off = B[h + 3] or '', B[h + 7] or 1
+  if off <= #r and string.byte(r, off + 8) == 0 then
+    if struct.unpack('<d', r, off) >= u then return end
+    r = struct.pack('<d', u) .. string.sub(r, off + 8)
+  else
+    r = struct.pack('<dB', u, 0) .. string.sub(r, off)
+    if B[h + 5] then B[h + 5] = B[h + 5] + 1 end
+  end
+  B[h + 3], B[h + 7] = r, 1
+  if not B[h + 4] or u > B[h + 4] then B[h + 4] = u end
+end
+-- unmark drops holder h's spill mark once it has expired.
+local function unmark(h)
+  local r, off = B[h + 3], B[h + 7]
+  if r and off <= #r and string.byte(r, off + 8) == 0 and struct.unpack('<d', r, off) <= now then
+    B[h + 7] = off + 9
+    if B[h + 5] then B[h + 5] = B[h + 5] - 1 end
+  end
+end
 local vals, nv = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0
-local a = 5
+local a = 6
 for o = 1, nops do
   local kind, nb, ns, nq, rec = p[a], p[a + 1], p[a + 2], p[a + 3], p[a + 4]
   local id = ARGV[3 + o]
@@ -220,6 +274,36 @@ for o = 1, nops do
     local q0 = b0 + 7 * nb
     local s0 = q0 + 4 * nq
     a = s0 + 3 * ns
+    -- Has a copy of this reserve run (seen 1), or has it been cancelled
+    -- (seen 2)? See the conventions above.
+    local seen, spilled = 0, nb == 0
+    if rec > 0 and nb > 0 then
+      local h = 8 * p[b0] - 7
+      local r = B[h + 3]
+      if r and B[h + 4] > now then
+        local off, n = B[h + 7], #id
+        if off <= #r and string.byte(r, off + 8) == 0 and struct.unpack('<d', r, off) > now then spilled = true end
+        local f = string.find(r, id, off + 9, true)
+        while f do
+          local pos = off
+          while pos + 9 < f do pos = pos + 9 + string.byte(r, pos + 8) end
+          if pos + 9 == f and string.byte(r, pos + 8) == n then
+            if struct.unpack('<d', r, pos) > now then seen = 1 end
+            break
+          end
+          f = string.find(r, id, f + 1, true)
+        end
+      end
+    end
+    if seen == 0 and spilled and rec > 0 then
+      local op = opened(rec)
+      local e, te = op[id], op['%t' .. id]
+      if e == nil and te == nil then
+        local sc = redis.call('ZMSCORE', KEYS[rec], id, '%t' .. id)
+        e, te = sc[1] and tonumber(sc[1]), sc[2] and tonumber(sc[2])
+      end
+      if te and te > now then seen = 2 elseif e and e > now then seen = 1 end
+    end
     local status, worst, hard = 0, 0, false
     for i = 0, nb - 1 do
       local q = b0 + 7 * i
@@ -255,8 +339,9 @@ for o = 1, nops do
     end
     if status == 0 and over then status = 4 end
     if status == 0 and worst > 0 and (hard or worst > maxwait) then status = 1 end
+    if seen == 1 then status = 0 elseif seen == 2 then status = 3 end
     local full = 0
-    if status == 0 then
+    if status == 0 and seen == 0 then
       for j = 0, ns - 1 do
         local q = s0 + 3 * j
         local k, mx = KEYS[p[q]], p[q + 1]
@@ -266,13 +351,14 @@ for o = 1, nops do
         end
       end
     end
+    local take = status == 0 and seen == 0
     vals[nv + 1], vals[nv + 2] = status, full
     nv = nv + 2
     for i = 0, nb - 1 do
       local q = b0 + 7 * i
       local b = 8 * p[q] - 7
       local l, t = B[b], B[b + 1]
-      if status == 0 then
+      if take then
         l = l - cost
         B[b], B[b + 2] = l, q
       end
@@ -283,13 +369,13 @@ for o = 1, nops do
     for j = 0, nq - 1 do
       local q = q0 + 4 * j
       local k = p[q]
-      if status == 0 then
+      if take then
         S[k], QW[k] = S[k] + p[q + 2], p[q + 3]
       end
       nv = nv + 1
       vals[nv] = S[k]
     end
-    if status == 0 then
+    if take then
       for j = 0, ns - 1 do
         local q = s0 + 3 * j
         local lease = p[q + 2]
@@ -302,6 +388,7 @@ for o = 1, nops do
         if nb > 0 and not B[h + 5] then
           -- Count the holder's records, dropping them all when all have
           -- expired, and the expired ones when it is full.
+          unmark(h)
           local r, m, off = B[h + 3] or '', B[h + 4], B[h + 7] or 1
           if not m or m <= now then r, m, off = '', 0, 1 end
           local n, pos = 0, off
@@ -335,21 +422,24 @@ for o = 1, nops do
           if exp > B[h + 4] then B[h + 4] = exp end
           B[h + 5] = B[h + 5] + 1
         else
-          open = open or {}
-          found = found or {}
-          open[rec] = open[rec] or {}
-          found[rec] = found[rec] or {}
-          open[rec][id] = exp
+          opened(rec)[id] = exp
+          if nb > 0 then spill(h, now + window) end
         end
       end
     end
   else
+    local f = kind - 2
+    local tomb, replay, maybe = f % 2 == 1, f % 4 >= 2, f >= 4
     local b0 = a + 5
+    local mk, mttl
+    if replay then mk, mttl, b0 = p[a + 5], p[a + 6], a + 7 end
     local q0 = b0 + 7 * nb
     local s0 = q0 + 3 * nq
     a = s0 + ns
-    local done = false
-    if rec > 0 then
+    -- apply: 2 all of it, 1 its debits only, 0 nothing.
+    local apply = 2
+    if replay and redis.call('EXISTS', KEYS[mk]) == 1 then apply = 0 end
+    if rec > 0 and apply > 0 then
       local h, exp = 8 * p[b0] - 7, nil
       local r = nb > 0 and B[h + 3]
       if r then
@@ -367,27 +457,36 @@ for o = 1, nops do
             end
             if B[h + 5] then B[h + 5] = B[h + 5] - 1 end
             B[h + 2] = B[h + 2] or b0
+            unmark(h)
             break
           end
           pos = pos + 9 + len
         end
       end
       if not exp then
-        open = open or {}
-        found = found or {}
-        open[rec] = open[rec] or {}
-        found[rec] = found[rec] or {}
-        exp = open[rec][id]
+        local op, fd = opened(rec)
+        exp = op[id]
         if exp == nil then
           exp = redis.call('ZSCORE', KEYS[rec], id)
           if exp then exp = tonumber(exp) end
-          found[rec][id] = exp and true
+          fd[id] = exp and true
         end
-        if exp then open[rec][id] = false end
+        if exp then op[id] = false end
       end
-      done = not exp or exp <= now
+      if not exp or exp <= now then
+        if not replay then apply = 0 elseif maybe then apply = 1 end
+      end
     end
-    vals[nv + 1], vals[nv + 2] = done and 1 or 0, 0
+    if tomb and rec > 0 then
+      opened(rec)['%t' .. id] = now + window
+      if nb > 0 then
+        local h = 8 * p[b0] - 7
+        spill(h, now + window)
+        B[h + 2] = B[h + 2] or b0
+      end
+    end
+    if replay and apply > 0 then redis.call('SET', KEYS[mk], '1', 'PX', string.format('%d', mttl)) end
+    vals[nv + 1], vals[nv + 2] = apply == 0 and 1 or 0, 0
     nv = nv + 2
     for i = 0, nb - 1 do
       local q = b0 + 7 * i
@@ -401,8 +500,9 @@ for o = 1, nops do
         t = now
       end
       local forgiven = 0
-      if not done then
+      if apply > 0 then
         local delta = p[q + 6]
+        if apply == 1 and delta > 0 then delta = 0 end
         if delta >= 0 then
           l = l + delta
           if l > cap then l = cap end
@@ -422,11 +522,12 @@ for o = 1, nops do
       vals[nv + 3] = forgiven
       nv = nv + 3
     end
-    if not done then
+    if apply > 0 then
       for j = 0, nq - 1 do
         local q = q0 + 3 * j
-        local k = p[q]
-        local sp = S[k] + p[q + 1]
+        local k, d = p[q], p[q + 1]
+        if apply == 1 and d < 0 then d = 0 end
+        local sp = S[k] + d
         if sp < 0 then sp = 0 end
         S[k], QW[k] = sp, p[q + 2]
       end
@@ -509,30 +610,74 @@ return struct.pack(string.sub(ARGV[2], 1, nv + 1), unpack(vals, 1, nv))
 
 // extendLua debits an amount from every (hard) bucket and quota, all or
 // none: a bucket never below zero and not while paused, a quota never past
-// its limit (S14).
+// its limit (S14); or undoes that debit. It applies each extension once:
+// the marker key holds the number of the reservation's last extension in
+// this group and what became of it (1 debited, 0 refused, -1 undone), so a
+// copy of an extension that has run, or of an older one, changes nothing,
+// and a copy that runs after its undo neither.
 //
-// KEYS: n bucket keys, then nq quota keys. ARGV: now, n, amount; per
-// bucket capacity, rate, low, TTL from low (ms); nq; per quota limit,
-// amount, TTL (ms).
-// Returns 1 when debited, 0 when refused.
+// KEYS: n bucket keys, then nq quota keys, then the marker key. ARGV: now,
+// n, amount; per bucket capacity, rate, low, TTL from low (ms); nq; per
+// quota limit, amount, TTL (ms); the extension's number, 1 to debit or 2
+// to undo, the marker's TTL (ms).
+// Returns 1 when debited (or undone), 0 when refused.
 const extendLua = luaPrelude + `
 local n, amt = ARGV[2] + 0, ARGV[3] + 0
+local q0 = 4 * n + 4
+local nq = ARGV[q0] + 0
+local x = q0 + 3 * nq + 1
+local seq, mode, mk = ARGV[x] + 0, ARGV[x + 1], KEYS[n + nq + 1]
+local last, res = 0, 0
+local mv = redis.call('GET', mk)
+if mv then last, res = struct.unpack('<dd', mv) end
+local function mark(r)
+  redis.call('SET', mk, struct.pack('<dd', seq, r), 'PX', ARGV[x + 2])
+end
+if mode == '2' then
+  if last > seq then return 0 end
+  if last == seq and res == 1 then
+    for i = 1, n do
+      local a = 4 * i
+      local cap = ARGV[a] + 0
+      local l, t, r, m = get(KEYS[i], cap, ARGV[a + 1] + 0)
+      l = l + amt
+      if l > cap then l = cap end
+      put(KEYS[i], l, t, r, m, cap, ARGV[a + 1] + 0, ARGV[a + 2] + 0, ARGV[a + 3])
+    end
+    for j = 1, nq do
+      local a = q0 + 3 * j - 2
+      local v = redis.call('GET', KEYS[n + j])
+      if v then
+        local s = struct.unpack('<d', v) - ARGV[a + 1]
+        if s > 0 then
+          redis.call('SET', KEYS[n + j], struct.pack('<d', s), 'KEEPTTL')
+        else
+          redis.call('DEL', KEYS[n + j])
+        end
+      end
+    end
+  end
+  mark(-1)
+  return 1
+end
+if last >= seq then
+  if last == seq and res == 1 then return 1 end
+  return 0
+end
 local lv, ts = {}, {}
 local rs, ms = {}, {}
 for i = 1, n do
   local l, t, r, m = get(KEYS[i], ARGV[4 * i] + 0, ARGV[4 * i + 1] + 0)
-  if l - amt < 0 or t > now then return 0 end
+  if l - amt < 0 or t > now then mark(0); return 0 end
   lv[i], ts[i], rs[i], ms[i] = l, t, r, m
 end
-local q0 = 4 * n + 4
-local nq = ARGV[q0] + 0
 local sp = {}
 for j = 1, nq do
   local v = redis.call('GET', KEYS[n + j])
   local s = 0
   if v then s = struct.unpack('<d', v) end
   local a = q0 + 3 * j - 2
-  if s + ARGV[a + 1] > ARGV[a] + 0 then return 0 end
+  if s + ARGV[a + 1] > ARGV[a] + 0 then mark(0); return 0 end
   sp[j] = s
 end
 for i = 1, n do
@@ -545,6 +690,7 @@ for j = 1, nq do
     redis.call('SET', KEYS[n + j], struct.pack('<d', sp[j] + ARGV[a + 1]), 'PX', ARGV[a + 2])
   end
 end
+mark(1)
 return 1
 `
 

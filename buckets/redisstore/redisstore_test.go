@@ -77,6 +77,7 @@ func TestContract(t *testing.T) {
 		t.Run("property", func(t *testing.T) { bucketstest.RunProperty(t, open, 4, 300) })
 		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
 		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
+		t.Run("repeat", func(t *testing.T) { bucketstest.RunRepeat(t, open) })
 	})
 	t.Run("cluster", func(t *testing.T) {
 		open := cluster(t)
@@ -86,5 +87,6 @@ func TestContract(t *testing.T) {
 		t.Run("property", func(t *testing.T) { bucketstest.RunProperty(t, open, 4, 300) })
 		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
 		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
+		t.Run("repeat", func(t *testing.T) { bucketstest.RunRepeat(t, open) })
 	})
 }

@@ -22,13 +22,15 @@ local p = {struct.unpack(ARGV[2], ARGV[3])}
 local nops, nbk = p[1], p[2]
 local vs = redis.call('MGET', unpack(KEYS, 1, nbk))
 for i = 1, nbk do redis.call('SET', KEYS[i], vs[i] or 'x', 'PX', string.format('%d', 60000)) end
-local nv, a = 0, 5
+local nv, a = 0, 6
 for o = 1, nops do
   local kind, nb, ns, nq = p[a], p[a + 1], p[a + 2], p[a + 3]
   if kind == 1 then
     a, nv = a + 8 + 7 * nb + 4 * nq + 3 * ns, nv + 2 + 2 * nb + nq
   else
-    a, nv = a + 5 + 7 * nb + 3 * nq + ns, nv + 2 + 3 * nb
+    local marker = 0
+    if (kind - 2) % 4 >= 2 then marker = 2 end
+    a, nv = a + 5 + marker + 7 * nb + 3 * nq + ns, nv + 2 + 3 * nb
   end
 end
 return string.rep('\0', 8 * nv)
@@ -42,11 +44,18 @@ type capturer struct {
 	args []any
 }
 
-func (c *capturer) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
-	if sha == batchScript.sha && len(args) == 5 {
-		c.keys, c.args = keys, args
+func (c *capturer) Process(ctx context.Context, cmd redis.Cmder) error {
+	a := cmd.Args()
+	if len(a) > 3 && a[0] == "evalsha" && a[1] == batchScript.sha {
+		n := a[2].(int)
+		if args := a[3+n:]; len(args) == 5 {
+			c.keys, c.args = nil, append([]any(nil), args...)
+			for _, k := range a[3 : 3+n] {
+				c.keys = append(c.keys, k.(string))
+			}
+		}
 	}
-	return c.Client.EvalSha(ctx, sha, keys, args...)
+	return c.Client.Process(ctx, cmd)
 }
 
 // BenchmarkBatchScript measures what Redis spends inside the batch script

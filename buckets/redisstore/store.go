@@ -21,7 +21,8 @@
 // too), so neither a client nor a configuration can make a key of unbounded
 // size. Every key has a TTL: an idle bucket expires once it would have
 // refilled to full, which is the state a missing key stands for, and once
-// its records have expired.
+// its records have expired. Only faults leave more, for a while: see
+// batchLua for tombstones and markers.
 //
 // # Group commit
 //
@@ -39,6 +40,18 @@
 // deadline, bounded by Options.Timeout and the client's own timeouts, so a
 // client that disconnects never leaves a reservation that Redis wrote but
 // nobody will settle. Settle always runs.
+//
+// # Calls sent again
+//
+// A script whose reply is lost (a read timeout while Redis is busy, a
+// dropped connection) may still run, and go-redis would send it again by
+// itself. The store's scripts are commands go-redis never retries; the
+// store sends them again itself (Store.call), and every script applies
+// once however many of its copies run, in whatever order (see lua.go): by
+// the reservation's record, a tombstone, or a marker. A reserve whose
+// reply is lost for good fails with a *buckets.IncompleteError, to be
+// cancelled (Cancel) once Redis answers; a settlement kept during an
+// outage is replayed with Replay, also after its record has expired.
 //
 // # Redis Cluster
 //
@@ -73,8 +86,11 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
+	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,11 +102,11 @@ import (
 	"github.com/tokengate/tokengate/buckets"
 )
 
-// Scripter is the part of a go-redis client the store uses. *redis.Client,
+// Scripter is the part of a go-redis client the store uses: it sends its
+// scripts as commands of its own (see Store.run). *redis.Client,
 // *redis.ClusterClient and *redis.Ring satisfy it.
 type Scripter interface {
-	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
-	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
+	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
 var (
@@ -114,7 +130,8 @@ type Options struct {
 	Now func() time.Time
 	// Timeout bounds an operation once started, detached from the caller's
 	// context (see Cancellation); the client's own read, write and pool
-	// timeouts apply within it. Zero means two seconds.
+	// timeouts apply within it, and a call whose reply is lost is sent
+	// again within it (see Calls sent again). Zero means two seconds.
 	Timeout time.Duration
 	// SettleWindow is how long a settlement queued by SettleAsync waits for
 	// a call to Redis to join before it goes on its own. Zero means two
@@ -142,9 +159,13 @@ type Store struct {
 	lane      lane     // standalone: the one lane (batch.go)
 	lanes     sync.Map // cluster: hash slot → *lane
 	window    time.Duration
-	flushMu   sync.Mutex
-	queued    int           // settlements queued by SettleAsync, not done
-	idle      chan struct{} // closed when queued drops to zero
+	// unsure holds the IDs of reservations of which two copies of the
+	// reserve may run, until they are settled (with a tombstone: see
+	// batchLua).
+	unsure  sync.Map
+	flushMu sync.Mutex
+	queued  int           // settlements queued by SettleAsync, not done
+	idle    chan struct{} // closed when queued drops to zero
 }
 
 // New returns a Store that keeps its buckets in Redis through c.
@@ -234,20 +255,115 @@ func (s *Store) Renew(ctx context.Context, r *buckets.Reservation) error {
 	return nil
 }
 
-// run calls the script by its SHA, and by its source when Redis does not
-// know it yet (NOSCRIPT, after a restart or failover).
+// run calls the script (see call) and returns its reply.
 func (s *Store) run(ctx context.Context, sc script, keys []string, args []any) ([]any, error) {
-	v, err := s.c.EvalSha(ctx, sc.sha, keys, args...).Result()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		v, err = s.c.Eval(ctx, sc.src, keys, args...).Result()
+	out, _, err := s.call(ctx, sc, keys, args)
+	return out, err
+}
+
+// maxAttempts bounds how often call sends one script call.
+const maxAttempts = 3
+
+// sent says what a script call may have left in Redis: how many of its
+// copies may run there (a copy whose reply was lost may still run, after
+// the next one). Every script is safe to repeat (see lua.go), so only a
+// reserve cares: a reservation of which two copies may run is settled
+// with a tombstone, against the copy that comes last.
+type sent int
+
+// call calls the script by its SHA, and by its source when Redis does not
+// know it yet (NOSCRIPT, after a restart or failover). go-redis would send
+// a command again by itself after a timeout, while Redis may still run the
+// first copy; the store's commands forbid that (evalCmd), and call sends
+// them again itself, up to maxAttempts while ctx lasts, when a reply is
+// lost (a timeout, a connection dropped) or Redis refuses for a moment
+// (LOADING, BUSY, TRYAGAIN...). It does not when Redis could not be
+// reached: it is down, and the caller's failure mode decides.
+func (s *Store) call(ctx context.Context, sc script, keys []string, args []any) ([]any, sent, error) {
+	var copies sent
+	var err error
+	for attempt := 1; ; attempt++ {
+		var v any
+		v, err = s.eval(ctx, "evalsha", sc.sha, keys, args)
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			v, err = s.eval(ctx, "eval", sc.src, keys, args)
+		}
+		if err == nil {
+			copies++
+			if out, ok := v.([]any); ok && len(out) > 0 {
+				return out, copies, nil
+			}
+			return []any{v}, copies, nil
+		}
+		lost, again := classify(err)
+		if lost {
+			copies++
+		}
+		if !again || attempt >= maxAttempts || ctx.Err() != nil {
+			break
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", buckets.ErrStore, err)
+	if copies == 0 {
+		err = fmt.Errorf("%w: %w", errUnsent, err)
 	}
-	if out, ok := v.([]any); ok && len(out) > 0 {
-		return out, nil
+	return nil, copies, fmt.Errorf("%w: %w", buckets.ErrStore, err)
+}
+
+// errUnsent marks an error after which the call certainly wrote nothing:
+// it never reached Redis, or Redis refused to run it.
+var errUnsent = errors.New("not sent")
+
+// unsent reports whether err, from call, says the call wrote nothing.
+func unsent(err error) bool { return errors.Is(err, errUnsent) }
+
+// classify tells, of a failed call, whether its reply was lost (it may
+// have run, or may still run) and whether to send it again.
+func classify(err error) (lost, again bool) {
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial", errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+		return false, false // never sent: Redis is not there
+	case isBusy(err):
+		return false, true // refused, not run: ask again
 	}
-	return []any{v}, nil
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return true, false // a script that failed may have written part
+	}
+	return true, true
+}
+
+// isBusy reports whether Redis refused a call for a moment: loading,
+// running a long script, failing over, resharding.
+func isBusy(err error) bool {
+	for _, p := range [...]string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// evalCmd is a script call that go-redis never sends again by itself.
+type evalCmd struct{ *redis.Cmd }
+
+// NoRetry is why evalCmd exists: see call.
+func (evalCmd) NoRetry() bool { return true }
+
+// eval sends one EVAL or EVALSHA of body.
+func (s *Store) eval(ctx context.Context, name, body string, keys []string, args []any) (any, error) {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, name, body, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	cmd := evalCmd{redis.NewCmd(ctx, a...)}
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = s.c.Process(ctx, cmd)
+	return cmd.Result()
 }
 
 func (s *Store) nowArg() string {
@@ -462,7 +578,11 @@ var scriptReasons = [...]buckets.Reason{buckets.Admitted, buckets.ShortOfTokens,
 
 // Reserve implements buckets.Store with one op per group (one in
 // standalone mode), batched with others (see batch.go). A request without
-// an ID gets a random one.
+// an ID gets a random one. Each op is safe to repeat (see batchLua): a
+// reserve whose reply was lost is sent again, and the copies take once. If
+// a reply is lost for good, the error is an *buckets.IncompleteError whose
+// Rest (the groups that may have taken) must be cancelled; groups that
+// did take while another refused or failed are refunded at once.
 func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decision, error) {
 	if err := req.Validate(); err != nil {
 		return buckets.Decision{}, err
@@ -498,37 +618,91 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	// at once. Each writes only its own buckets' observations.
 	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
 	reason, full := buckets.Admitted, -1
-	var took []group
+	// took: groups that took; twice: groups of which two copies of the
+	// reserve may run, so that one may still take after this answer;
+	// lost: groups whose reply was lost for good.
+	var took, twice, lost []group
 	var firstErr error
 	for k := range ops {
 		o := &ops[k]
+		if o.copies > 1 {
+			twice = append(twice, o.g)
+		}
 		switch {
 		case o.err != nil:
 			firstErr = cmp.Or(firstErr, o.err)
+			if !unsent(o.err) {
+				lost = append(lost, o.g)
+			}
 		case o.status == buckets.Admitted:
 			took = append(took, o.g)
 		case rank(o.status) > rank(reason):
 			reason, full = o.status, o.full
 		}
 	}
-	if firstErr != nil {
-		return buckets.Decision{}, s.compensate(ctx, took, req, spans, id, fmt.Errorf("redisstore: reserve: %w", firstErr))
-	}
-	if reason != buckets.Admitted && len(took) > 0 {
-		for _, g := range took {
-			// Report the levels and spend the request met.
-			for _, i := range g.buckets {
-				obs[i].Level += req.Cost
-			}
-			for _, j := range g.quotas {
-				spent[j] -= req.QuotaCost(req.Quotas[j])
-			}
+	res := buckets.NewReservation(req, id, spans)
+	if firstErr == nil && reason == buckets.Admitted {
+		if len(twice) > 0 {
+			s.unsure.Store(id, struct{}{})
 		}
-		if err := s.compensate(ctx, took, req, spans, id, nil); err != nil {
-			return buckets.Decision{}, err
+		return buckets.NewDecision(req, id, buckets.Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: now}), nil
+	}
+	// Not admitted: refund the groups that took, and stop a copy still on
+	// its way in the groups where one may run.
+	undo := took
+	for _, g := range twice {
+		if !slices.ContainsFunc(undo, func(t group) bool { return t.tag == g.tag }) && !slices.ContainsFunc(lost, func(t group) bool { return t.tag == g.tag }) {
+			undo = append(undo, g)
+		}
+	}
+	failed := s.compensate(ctx, res, undo, len(twice) > 0)
+	lost = append(lost, failed...)
+	if firstErr != nil || len(failed) > 0 {
+		err := fmt.Errorf("redisstore: reserve: %w", cmp.Or(firstErr, fmt.Errorf("%w: refund of a partly reserved chain failed", buckets.ErrStore)))
+		if len(lost) > 0 {
+			return buckets.Decision{}, &buckets.IncompleteError{Rest: s.part(res, lost), Sent: true, Err: err}
+		}
+		return buckets.Decision{}, err
+	}
+	for _, g := range took {
+		// Report the levels and spend the request met.
+		for _, i := range g.buckets {
+			obs[i].Level += req.Cost
+		}
+		for _, j := range g.quotas {
+			spent[j] -= req.QuotaCost(req.Quotas[j])
 		}
 	}
 	return buckets.NewDecision(req, id, buckets.Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: now}), nil
+}
+
+// part is r reduced to the buckets, slots and quotas of groups gs, which
+// settle as they would in r.
+func (s *Store) part(r *buckets.Reservation, gs []group) *buckets.Reservation {
+	p := *r
+	p.Buckets, p.Slots, p.Quotas, p.Windows = nil, nil, nil, nil
+	keep := func(i int, in func(g group) []int) bool {
+		return slices.ContainsFunc(gs, func(g group) bool { return slices.Contains(in(g), i) })
+	}
+	for i, b := range r.Buckets {
+		if keep(i, func(g group) []int { return g.buckets }) {
+			p.Buckets = append(p.Buckets, b)
+		}
+	}
+	for j, sl := range r.Slots {
+		if keep(j, func(g group) []int { return g.slots }) {
+			p.Slots = append(p.Slots, sl)
+		}
+	}
+	for j, q := range r.Quotas {
+		if keep(j, func(g group) []int { return g.quotas }) {
+			p.Quotas = append(p.Quotas, q)
+			if j < len(r.Windows) {
+				p.Windows = append(p.Windows, r.Windows[j])
+			}
+		}
+	}
+	return &p
 }
 
 // recordKey is the sorted set that holds the records of the open
@@ -558,73 +732,142 @@ var slotTags = sync.OnceValue(func() *[16384]string {
 
 func slotTag(slot uint16) string { return slotTags()[slot] }
 
-// compensate settles the groups in took at no usage — a full refund, their
-// records and slots released — when another group of the chain refused or
-// failed. It runs on its own timeout, since the operation's may be spent:
-// the tokens must not stay taken. If it fails, the tokens stay taken until
-// refill returns them — the safe side.
-func (s *Store) compensate(ctx context.Context, took []group, req buckets.Request, spans []buckets.Span, id string, cause error) error {
-	if len(took) == 0 {
-		return cause
+// compensate settles the groups gs of reservation r at no usage — a full
+// refund, their records and slots released, with a tombstone when tomb
+// (a copy of the reserve may still run) — when another group of the chain
+// refused or failed. It runs on its own timeout, since the operation's may
+// be spent: the tokens must not stay taken. It returns the groups whose
+// refund may not have applied; their tokens stay taken until refill
+// returns them — the safe side — unless the caller cancels them later.
+func (s *Store) compensate(ctx context.Context, r *buckets.Reservation, gs []group, tomb bool) (failed []group) {
+	if len(gs) == 0 {
+		return nil
 	}
 	cctx, cancel := s.detach(ctx)
 	defer cancel()
-	obs := make([]buckets.Observation, len(req.Buckets))
-	ops := make([]op, len(took))
-	qdelta := func(j int) float64 { return -req.QuotaCost(req.Quotas[j]) }
-	for k, g := range took {
-		ops[k] = op{g: g, id: idPart(id), record: s.recordKey(g.tag), bs: req.Buckets, ss: req.Slots, qs: req.Quotas, spans: spans,
-			refund: req.Cost, qdelta: qdelta, obs: obs}
+	obs := make([]buckets.Observation, len(r.Buckets))
+	ops := make([]op, len(gs))
+	qdelta := func(j int) float64 { return -r.ChargedQuota(r.Quotas[j]) }
+	for k, g := range gs {
+		ops[k] = op{g: g, id: idPart(r.ID), record: s.recordKey(g.tag), bs: r.Buckets, ss: r.Slots, qs: r.Quotas, spans: r.Windows,
+			refund: r.Cost, qdelta: qdelta, obs: obs, tomb: tomb}
 	}
 	eachGroup(len(ops), func(k int) { s.do(cctx, &ops[k]) })
-	errs := []error{cause}
 	for k := range ops {
-		if err := ops[k].err; err != nil {
-			errs = append(errs, fmt.Errorf("redisstore: refund of a partly reserved chain: %w", err))
+		if ops[k].err != nil {
+			failed = append(failed, ops[k].g)
 		}
 	}
-	switch {
-	case cause == nil && len(errs) == 1:
-		return nil
-	case cause == nil:
-		return errs[1]
-	case len(errs) == 1:
-		return cause
-	}
-	return fmt.Errorf("%w (and %w)", errs[0], errs[1])
+	return failed
 }
 
 // Settle implements buckets.Store: one op per group, each settling once
 // per reservation, through its record. It runs whatever the state of ctx.
+// When some group's call fails, the error is an *buckets.IncompleteError
+// whose Rest is the part of r still to settle.
 func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
-	if r == nil || r.ID == "" {
-		return nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest)
-	}
-	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
-		return nil, err
-	}
-	if err := r.ValidateQuotas(); err != nil {
+	ops, obs, err := s.settleOps(r, actual, settleOpen)
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := s.detach(ctx)
 	defer cancel()
+	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	return s.settled(r, ops, obs, "settle")
+}
+
+// settleMode is what a settlement applies when.
+type settleMode int
+
+const (
+	// settleOpen: through the reservation's record, once.
+	settleOpen settleMode = iota
+	// replayUnsent: also without the record, once by its marker: the
+	// settlement never reached Redis before.
+	replayUnsent
+	// replaySent: likewise, but only debits without the record: an
+	// earlier copy may have applied.
+	replaySent
+	// settleCancel: at zero usage, through the record, and a tombstone.
+	settleCancel
+)
+
+// settleOps returns the ops that settle r with actual as mode says, and
+// the observations they fill.
+func (s *Store) settleOps(r *buckets.Reservation, actual float64, mode settleMode) ([]op, []buckets.Observation, error) {
+	if r == nil || r.ID == "" {
+		return nil, nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest)
+	}
+	if err := buckets.ValidateAmount("actual usage", actual); err != nil {
+		return nil, nil, err
+	}
+	if err := r.ValidateQuotas(); err != nil {
+		return nil, nil, err
+	}
+	spent := r.Spent
+	if mode == settleCancel {
+		spent = 0
+	}
+	_, tomb := s.unsure.Load(r.ID)
 	obs := make([]buckets.Observation, len(r.Buckets))
 	delta := func(b buckets.Bucket) float64 { return r.Charged(b) - actual }
-	qdelta := func(j int) float64 { return r.UsedQuota(r.Quotas[j], actual) - r.ChargedQuota(r.Quotas[j]) }
+	qdelta := func(j int) float64 {
+		q := r.Quotas[j]
+		used := actual
+		if q.Unit == buckets.Money {
+			used = spent
+		}
+		return used - r.ChargedQuota(q)
+	}
 	gs := s.groups(r.Buckets, r.Slots, r.Quotas)
 	ops := make([]op, len(gs))
-	for k, g := range gs {
-		ops[k] = op{g: g, id: idPart(r.ID), record: s.recordKey(g.tag), bs: r.Buckets, ss: r.Slots, qs: r.Quotas, spans: r.Windows,
-			delta: delta, qdelta: qdelta, obs: obs}
+	var now time.Time
+	if mode == replayUnsent || mode == replaySent {
+		now = s.now()
 	}
-	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	for k, g := range gs {
+		o := op{g: g, id: idPart(r.ID), record: s.recordKey(g.tag), bs: r.Buckets, ss: r.Slots, qs: r.Quotas, spans: r.Windows,
+			delta: delta, qdelta: qdelta, obs: obs, tomb: tomb || mode == settleCancel}
+		if mode == replayUnsent || mode == replaySent {
+			o.marker, o.maybe = s.prefix+"p:{"+g.tag+"}:"+o.id, mode == replaySent
+			o.markTTL = markTTL(g, r.Windows, now)
+		}
+		ops[k] = o
+	}
+	return ops, obs, nil
+}
+
+// markTTL is how long the marker of a replay of group g is kept, in
+// milliseconds: as long as the windows it charges (a replay sent again
+// after another outage must find it) and at least buckets.QuotaSlack.
+func markTTL(g group, windows []buckets.Span, now time.Time) float64 {
+	ttl := float64(buckets.QuotaSlack.Milliseconds())
+	for _, j := range g.quotas {
+		ttl = max(ttl, quotaTTL(windows[j], now))
+	}
+	return ttl
+}
+
+// settled returns the states of the ops' settlement of r, or their first
+// error, as an *buckets.IncompleteError with the part of r still to
+// settle.
+func (s *Store) settled(r *buckets.Reservation, ops []op, obs []buckets.Observation, what string) ([]buckets.BucketState, error) {
+	var failed []group
+	var first error
+	sent := false
 	for k := range ops {
 		if err := ops[k].err; err != nil {
-			// Groups that did settle lost their record: settling again
-			// completes the rest without settling them twice.
-			return nil, fmt.Errorf("redisstore: settle: %w", err)
+			first = cmp.Or(first, err)
+			failed = append(failed, ops[k].g)
+			sent = sent || !unsent(err)
 		}
 	}
+	if first != nil {
+		// Groups that did settle lost their record: settling the rest
+		// completes it without settling them twice.
+		return nil, &buckets.IncompleteError{Rest: s.part(r, failed), Sent: sent, Err: fmt.Errorf("redisstore: %s: %w", what, first)}
+	}
+	s.unsure.Delete(r.ID)
 	states := make([]buckets.BucketState, len(r.Buckets))
 	for i, b := range r.Buckets {
 		states[i] = buckets.NewState(b, obs[i])
@@ -632,9 +875,46 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 	return states, nil
 }
 
+var _ buckets.Replayer = (*Store)(nil)
+
+// Replay implements buckets.Replayer: a settle op per group that applies
+// also without the reservation's record, once per group by a marker key
+// (<prefix>p:{T}:<ID>, kept as long as the windows it charges and at
+// least buckets.QuotaSlack).
+func (s *Store) Replay(ctx context.Context, r *buckets.Reservation, actual float64, sent bool) ([]buckets.BucketState, error) {
+	mode := replayUnsent
+	if sent {
+		mode = replaySent
+	}
+	ops, obs, err := s.settleOps(r, actual, mode)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	return s.settled(r, ops, obs, "replay")
+}
+
+// Cancel implements buckets.Replayer: a settle op per group at zero usage
+// that leaves a tombstone, which a copy of the reserve coming later finds.
+func (s *Store) Cancel(ctx context.Context, r *buckets.Reservation) error {
+	ops, obs, err := s.settleOps(r, 0, settleCancel)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	_, err = s.settled(r, ops, obs, "cancel")
+	return err
+}
+
 // Extend implements buckets.Store (S14): one script call per group of hard
 // buckets and hard quotas; if a later group refuses, the earlier ones are
-// refunded.
+// refunded. Each call is numbered by r.Extends and applies once per group
+// (see extendLua), so a copy sent again after a lost reply does not debit
+// twice, and one that comes after its refund neither.
 func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
 	if r == nil {
 		return false, fmt.Errorf("%w: extend: nil reservation", buckets.ErrInvalidRequest)
@@ -653,6 +933,7 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 		return false, err
 	}
 	defer cancel()
+	r.Extends++
 	var hard []buckets.Bucket
 	var hardQ []buckets.Quota
 	var index, indexQ []int
@@ -668,15 +949,15 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 			indexQ = append(indexQ, j)
 		}
 	}
-	nowArg := s.nowArg()
+	nowArg, id := s.nowArg(), idPart(r.ID)
 	var now time.Time
 	if len(hardQ) > 0 {
 		now = s.now()
 	}
-	var took []group
-	for _, g := range s.groups(hard, nil, hardQ) {
-		keys := make([]string, 0, len(g.buckets)+len(g.quotas))
-		args := make([]any, 0, 4+4*len(g.buckets)+3*len(g.quotas))
+	// call runs the extension, or its undo, in group g.
+	call := func(ctx context.Context, g group, undo bool) ([]any, error) {
+		keys := make([]string, 0, len(g.buckets)+len(g.quotas)+1)
+		args := make([]any, 0, 7+4*len(g.buckets)+3*len(g.quotas))
 		args = append(args, nowArg, len(g.buckets), num(n))
 		for _, i := range g.buckets {
 			keys = append(keys, s.bucketKey(hard[i].Key))
@@ -689,28 +970,26 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 			keys = append(keys, s.quotaKey(q.Key, span.ID))
 			args = append(args, num(q.Limit), num(r.ExtendQuota(q, n)), strconv.FormatFloat(quotaTTL(span, now), 'f', 0, 64))
 		}
-		out, err := s.run(ctx, extendScript, keys, args)
+		keys = append(keys, s.prefix+"x:{"+g.tag+"}:"+id)
+		mode := "1"
+		if undo {
+			mode = "2"
+		}
+		args = append(args, r.Extends, mode, repeatMS)
+		return s.run(ctx, extendScript, keys, args)
+	}
+	var took []group
+	for _, g := range s.groups(hard, nil, hardQ) {
+		out, err := call(ctx, g, false)
 		if err == nil && out[0] == int64(1) {
-			// Record the group in terms of the reservation's buckets and
-			// quotas.
-			rg := group{tag: g.tag}
-			for _, i := range g.buckets {
-				rg.buckets = append(rg.buckets, index[i])
-			}
-			for _, j := range g.quotas {
-				rg.quotas = append(rg.quotas, indexQ[j])
-			}
-			took = append(took, rg)
+			took = append(took, g)
 			continue
 		}
 		if len(took) > 0 {
 			cctx, cancel := s.detach(ctx)
-			obs := make([]buckets.Observation, len(r.Buckets))
-			qdelta := func(j int) float64 { return -r.ExtendQuota(r.Quotas[j], n) }
 			for _, tg := range took {
-				o := op{g: tg, id: idPart(r.ID), bs: r.Buckets, qs: r.Quotas, spans: r.Windows, refund: n, qdelta: qdelta, obs: obs}
-				if s.do(cctx, &o); o.err != nil && err == nil {
-					err = o.err
+				if _, uerr := call(cctx, tg, true); uerr != nil && err == nil {
+					err = uerr
 				}
 			}
 			cancel()

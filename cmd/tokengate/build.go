@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -40,12 +43,14 @@ type parts struct {
 	liveState // limits as data: overrides, the admin API and reloads (admin.go)
 }
 
-// heartbeats announces this gateway to the fleet sharing the store
-// (store.fleet) until the returned function is called; that function takes
-// the gateway out of the fleet and returns once it has. Serve runs them for
-// as long as it serves, and stops them after the last settlement is
-// written. Without a fleet it does nothing.
-func (p *parts) heartbeats() (stop func()) {
+// background runs the failover store's work (failover.Store.Run) until
+// the returned function is called: heartbeats announcing this gateway to
+// the fleet sharing the store (store.fleet), and, while the store is down,
+// probes that replay what it missed as soon as it answers. The returned
+// function takes the gateway out of the fleet and returns once it has.
+// Serve runs it for as long as it serves, and stops it after the last
+// settlement is written. For the memory store it does nothing.
+func (p *parts) background() (stop func()) {
 	if p.failover == nil {
 		return func() {}
 	}
@@ -53,12 +58,87 @@ func (p *parts) heartbeats() (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		p.failover.Heartbeats(ctx)
+		p.failover.Run(ctx)
 	}()
 	return func() {
 		cancel()
 		<-done
 	}
+}
+
+// loadPending queues the writes a previous run saved to file
+// (store.replay_file) for replay, and removes the file: each applies once
+// however often it is replayed, so a run that dies before replaying them
+// loses them, but never charges them twice.
+func (p *parts) loadPending(file string, logger *slog.Logger) error {
+	if file == "" {
+		return nil
+	}
+	f, err := os.Open(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store.replay_file: %w", err)
+	}
+	defer f.Close()
+	n, err := p.failover.LoadPending(f)
+	if err != nil {
+		return fmt.Errorf("store.replay_file %s: %w", file, err)
+	}
+	if err := os.Remove(file); err != nil {
+		return fmt.Errorf("store.replay_file: %w", err)
+	}
+	logger.Info("writes the store missed before the last shutdown are queued for replay", "file", file, "count", n)
+	return nil
+}
+
+// drain replays, within what is left of ctx (the shutdown grace; at least
+// a second), what the store missed during an outage. What it cannot
+// replay it saves to file (store.replay_file) for the next start, or,
+// without one, logs as lost: those reservations stay charged.
+func (p *parts) drain(ctx context.Context, file string, logger *slog.Logger) {
+	if p.failover == nil || p.failover.Pending() == 0 {
+		return
+	}
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+	}
+	left := p.failover.Drain(ctx)
+	switch {
+	case left == 0:
+		logger.Info("shutdown: every write the store missed during the outage is replayed")
+	case file == "":
+		logger.Error("shutdown: writes the store missed during the outage are lost (store.replay_file is not set): their reservations stay charged", "count", left)
+	default:
+		if n, err := p.savePending(file); err != nil {
+			logger.Error("shutdown: writes the store missed during the outage could not be saved: their reservations stay charged", "count", left, "file", file, "err", err)
+		} else {
+			logger.Warn("shutdown: writes the store missed during the outage are saved for replay at the next start", "count", n, "file", file)
+		}
+	}
+}
+
+// savePending writes what waits for replay to file, whole or not at all.
+func (p *parts) savePending(file string) (int, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(file), filepath.Base(file)+".*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(tmp.Name())
+	n, err := p.failover.SavePending(tmp)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), file)
+	}
+	return n, err
 }
 
 func (p *parts) close() {
@@ -89,7 +169,10 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	p.raw = primary
 	var store buckets.Store = p.metrics.Instrument(primary)
 	if cfg.Store.Type != "memory" {
-		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback}
+		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback, OnState: p.metrics.StoreState}
+		// Probes bypass the metrics wrapper: they are not bucket
+		// operations.
+		opts.Probe, _ = primary.(failover.Pinger)
 		if cfg.Store.OnFailure == "open" {
 			opts.Mode = failover.Open
 			opts.Fallback = cfg.Store.Fallback.Limit()
@@ -110,6 +193,10 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		}
 		p.failover = failover.New(store, opts)
 		store = p.failover
+		if err := p.loadPending(cfg.Store.ReplayFile, logger); err != nil {
+			p.close()
+			return nil, err
+		}
 	}
 	store = withLeases(cfg, store, primary, p.metrics, logger, opts.now, &p.closers)
 	p.store = store

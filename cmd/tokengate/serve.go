@@ -172,7 +172,7 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 		"admin", ls.admin.Addr().String(), "admin_tls", sec.admin != nil)
 	// The gateway counts in the fleet (store.fleet) while it serves, and
 	// until its last settlement is written.
-	stopHeartbeats := parts.heartbeats()
+	stopBackground := parts.background()
 
 	var serveErr error
 	select {
@@ -199,7 +199,8 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 		gs.Stop()
 		<-stopped
 	}
-	stopHeartbeats()
+	stopBackground()
+	parts.drain(sctx, cfg.Store.ReplayFile, logger)
 	actx, acancel := context.WithTimeout(context.Background(), time.Second)
 	defer acancel()
 	_ = admin.Shutdown(actx)

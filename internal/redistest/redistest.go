@@ -61,12 +61,27 @@ func Binary(t testing.TB) string {
 // stopped at the end of the test.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return start(t, "no")
+}
+
+// StartPersistent starts a standalone redis-server as Start does, that
+// writes every command to its append-only file before it answers: killed
+// and restarted (Kill, Restart), it comes back with its data, as a
+// production Redis with persistence does after a crash.
+func StartPersistent(t testing.TB) *Server {
+	t.Helper()
+	return start(t, "yes")
+}
+
+func start(t testing.TB, appendonly string) *Server {
+	t.Helper()
 	bin := Binary(t)
 	s := &Server{t: t, bin: bin, dir: t.TempDir()}
 	port := freePort(t, false)
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	s.args = []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no"}
+		"--save", "", "--appendonly", appendonly, "--appendfsync", "always",
+		"--dir", s.dir, "--protected-mode", "no", "--enable-debug-command", "local"}
 	t.Cleanup(s.Stop)
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -127,7 +142,7 @@ func (s *Server) Kill() {
 }
 
 // Restart starts the server again on the same address after Kill or Stop.
-// Its data is gone: the server keeps no persistence.
+// Its data is gone, unless it was started with StartPersistent.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
@@ -158,7 +173,7 @@ func StartCluster(t testing.TB) *Cluster {
 		port := freePort(t, true)
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		s.args = []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no",
+			"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no", "--enable-debug-command", "local",
 			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
 			"--cluster-node-timeout", "5000"}
 		t.Cleanup(s.Stop)
@@ -227,6 +242,45 @@ func freePort(t testing.TB, bus bool) int {
 	}
 	t.Fatal("redistest: no free port pair found")
 	return 0
+}
+
+// Sleep makes the server at addr busy for d (DEBUG SLEEP, sent from a
+// connection of its own), as a slow command or a fork would: it answers
+// nothing meanwhile, while commands sent to it wait in their sockets and
+// run when it wakes — also those of clients that gave up waiting and
+// closed their connection. Sleep returns once the command is written, so
+// that the caller's next command reaches the server after it; the
+// server's reply is read at the end of the test.
+func Sleep(t testing.TB, addr string, d time.Duration) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatalf("redistest: sleep %s: %v", addr, err)
+	}
+	// A PING answered first: the server has accepted the connection, so
+	// it reads the DEBUG SLEEP before commands written after it.
+	rd := bufio.NewReader(conn)
+	conn.SetDeadline(time.Now().Add(startTimeout))
+	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+		conn.Close()
+		t.Fatalf("redistest: sleep %s: %v", addr, err)
+	}
+	if reply, err := readReply(rd); err != nil || reply != "PONG" {
+		conn.Close()
+		t.Fatalf("redistest: sleep %s: PING = %q, %v", addr, reply, err)
+	}
+	sec := strconv.FormatFloat(d.Seconds(), 'f', 3, 64)
+	if _, err := fmt.Fprintf(conn, "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$%d\r\n%s\r\n", len(sec), sec); err != nil {
+		conn.Close()
+		t.Fatalf("redistest: sleep %s: %v", addr, err)
+	}
+	t.Cleanup(func() {
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(d + startTimeout))
+		if reply, err := readReply(rd); err != nil || reply != "OK" {
+			t.Errorf("redistest: DEBUG SLEEP on %s = %q, %v", addr, reply, err)
+		}
+	})
 }
 
 // Do sends one command to the server at addr over a fresh connection and

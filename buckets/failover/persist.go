@@ -1,0 +1,71 @@
+package failover
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/tokengate/tokengate/buckets"
+)
+
+// pendingFile is the form SavePending writes: a version, so that a later
+// gateway can tell a file it cannot read, and the writes in order.
+type pendingFile struct {
+	Version int         `json:"version"`
+	Pending []pendingOp `json:"pending"`
+}
+
+const pendingVersion = 1
+
+// SavePending writes what still waits for replay to w, for a gateway that
+// stops while the primary does not answer, and returns how many writes it
+// saved; LoadPending at the next start queues them again. Each applies
+// once however often it is replayed, so a file replayed twice (a gateway
+// that dies before it has replayed what it loaded, and loads it again)
+// charges nothing twice.
+func (s *Store) SavePending(w io.Writer) (int, error) {
+	s.mu.Lock()
+	f := pendingFile{Version: pendingVersion, Pending: append([]pendingOp(nil), s.pending...)}
+	s.mu.Unlock()
+	if err := json.NewEncoder(w).Encode(f); err != nil {
+		return 0, fmt.Errorf("failover: save pending writes: %w", err)
+	}
+	return len(f.Pending), nil
+}
+
+// LoadPending queues the writes SavePending wrote to r, ahead of any
+// queued since, and returns how many; they are replayed once the primary
+// answers (Run, Drain).
+func (s *Store) LoadPending(r io.Reader) (int, error) {
+	var f pendingFile
+	if err := json.NewDecoder(r).Decode(&f); err != nil {
+		return 0, fmt.Errorf("failover: load pending writes: %w", err)
+	}
+	if f.Version != pendingVersion {
+		return 0, fmt.Errorf("failover: load pending writes: version %d, want %d", f.Version, pendingVersion)
+	}
+	for i, p := range f.Pending {
+		if err := p.validate(); err != nil {
+			return 0, fmt.Errorf("failover: load pending writes: entry %d: %w", i, err)
+		}
+	}
+	s.mu.Lock()
+	s.pending = append(f.Pending, s.pending...)
+	s.mu.Unlock()
+	s.state()
+	return len(f.Pending), nil
+}
+
+// validate checks a pending write read from a file.
+func (p pendingOp) validate() error {
+	switch p.Kind {
+	case settleOp, cancelOp:
+		if p.R == nil || p.R.ID == "" {
+			return fmt.Errorf("%s without a reservation", p.Kind)
+		}
+		return p.R.ValidateQuotas()
+	case spendOp:
+		return buckets.ValidateSpend(p.ID, p.Spends)
+	}
+	return fmt.Errorf("unknown kind %q", p.Kind)
+}

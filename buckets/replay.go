@@ -1,0 +1,59 @@
+package buckets
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// RepeatWindow is how long a store remembers a call it applied, so that a
+// copy of it that reaches the store later applies nothing: the copies of a
+// call whose reply was lost wait in the store's connections and run when
+// it answers again, within moments of each other. A Reserve cancelled by
+// Replayer.Cancel is refused for that long.
+const RepeatWindow = time.Minute
+
+// IncompleteError is the error of a Reserve or a Settle that failed after
+// the store may have written part of it, or all of it: its reply was lost.
+// It wraps ErrStore.
+//
+// For a Reserve, Rest is the reservation the store may have made (the
+// request's, with the windows its quotas would be charged in): whoever
+// keeps it must Cancel it once the store answers again, or it stays
+// charged. For a Settle, Rest is the part of the reservation (its buckets,
+// slots and quotas) that the store did not settle, to Replay; Sent tells
+// whether a call for Rest may have reached the store (false: it certainly
+// wrote nothing, the store could not be reached).
+type IncompleteError struct {
+	Rest *Reservation
+	Sent bool
+	Err  error
+}
+
+func (e *IncompleteError) Error() string {
+	return fmt.Sprintf("%v (reservation %.16q left unfinished)", e.Err, e.Rest.ID)
+}
+
+func (e *IncompleteError) Unwrap() error { return e.Err }
+
+// Replayer is implemented by stores whose missed writes can be made good
+// later: what a failover layer keeps while the store cannot be reached,
+// replayed once it answers again (package failover). Both apply once per
+// reservation ID, however often they are called, and write nothing for a
+// reservation settled already.
+type Replayer interface {
+	// Replay settles r with actual as Settle does, and also when r's
+	// record has expired meanwhile (an outage longer than its Lifetime):
+	// then the usage replaces the reservation all the same. sent tells
+	// that an earlier Settle of r may have reached the store (its reply
+	// was lost, see IncompleteError): a missing record may then mean that
+	// it settled already, and Replay applies only what charges more — the
+	// usage beyond the reservation, never a refund — so that a settlement
+	// is never less than what was used.
+	Replay(ctx context.Context, r *Reservation, actual float64, sent bool) ([]BucketState, error)
+	// Cancel undoes a reservation whose Reserve failed with an
+	// *IncompleteError: if the store made it, it is settled at zero usage;
+	// either way a copy of that Reserve that reaches the store later,
+	// within RepeatWindow, takes nothing.
+	Cancel(ctx context.Context, r *Reservation) error
+}
