@@ -56,6 +56,8 @@ type processor struct {
 	req  request
 	resp response
 	st   settlement
+
+	started time.Time // the request's headers arrived (Config.Now)
 }
 
 // request is what the request phase read and decided. Written by the
@@ -106,6 +108,8 @@ type response struct {
 	cut         bool
 	usage       provider.Usage
 	usageOK     bool
+	model       string    // the model a non-streamed answer names
+	firstOutput time.Time // the first output text of a stream arrived
 	streamResp  *extprocv3.ProcessingResponse
 	streamBody  *extprocv3.StreamedBodyResponse
 }

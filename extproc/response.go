@@ -287,6 +287,9 @@ func (p *processor) observe(ev []byte) bool {
 		p.resp.usage, p.resp.usageOK = p.resp.stream.Usage()
 	}
 	if e.Text != "" {
+		if p.resp.firstOutput.IsZero() {
+			p.resp.firstOutput = p.s.cfg.Now()
+		}
 		before := int(p.st.output.Load()) // the count after the previous event
 		p.resp.live.Write(e.Text)
 		n := p.resp.live.Tokens()
@@ -462,5 +465,6 @@ func (p *processor) readUsage() {
 		return
 	}
 	p.resp.usage, p.resp.usageOK = u, ok
+	p.resp.model = provider.ResponseModel(p.req.count.API, p.resp.body)
 	p.resp.body = nil
 }
