@@ -72,7 +72,7 @@ func TestGenAIMetricsOfAStream(t *testing.T) {
 	m.Finish(extproc.Outcome{Policy: "p", Decision: "admitted", API: "chat", Model: "gpt-4o-mini", ResponseModel: "gpt-4o-mini-2024-07-18",
 		InputTokens: 11, Output: 6, Status: 200, Usage: true, Streamed: true, Reserved: 100, Settled: 19,
 		ProviderUsage: provider.Usage{InputTokens: 12, OutputTokens: 7, CachedInputTokens: 4, ReasoningTokens: 3},
-		Duration: 2 * time.Second, FirstOutput: 500 * time.Millisecond})
+		Duration:      2 * time.Second, FirstOutput: 500 * time.Millisecond})
 	chat := func(kv ...string) map[string]string {
 		return genAILabels("chat", "openai", "gpt-4o-mini", "gpt-4o-mini", kv...)
 	}
