@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,7 +35,8 @@ type Metrics struct {
 	storeLatency  *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 	fallback      *prometheus.CounterVec
-	storeUp       prometheus.Gauge
+	storeUp       prometheus.GaugeFunc
+	storeHealth   atomic.Pointer[func() bool]
 	allowance     *prometheus.CounterVec
 	fallbackEnc   *prometheus.CounterVec
 	waits         *prometheus.HistogramVec
@@ -93,10 +95,6 @@ func New(reg prometheus.Registerer, o Options) *Metrics {
 			Name: "tokengate_store_fallback_total",
 			Help: "Operations answered without the shared store while it was unreachable (S21).",
 		}, []string{"op"}),
-		storeUp: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tokengate_store_up",
-			Help: "1 while the bucket store answers, 0 during an outage.",
-		}),
 		allowance: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_output_allowance_source_total",
 			Help: "Where admitted requests' output allowance came from: request (its own cap), history (learned estimate) or default (S7).",
@@ -139,6 +137,15 @@ func New(reg prometheus.Registerer, o Options) *Metrics {
 			Help: "Requests refused by a quota: its window had too little left (429, refused_budget) or the request could cost more than the whole budget (413, never_admissible), by policy and quota.",
 		}, []string{"policy", "quota"}),
 	}
+	m.storeUp = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tokengate_store_up",
+		Help: "1 while the bucket store answers, 0 during an outage.",
+	}, func() float64 {
+		if f := m.storeHealth.Load(); f != nil && !(*f)() {
+			return 0
+		}
+		return 1
+	})
 	m.gateways = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tokengate_fleet_gateways",
 		Help: "Gateways sharing the bucket store, this one included, at the last heartbeat that reached it.",
@@ -154,7 +161,6 @@ func New(reg prometheus.Registerer, o Options) *Metrics {
 	reg.MustRegister(m.limits.collectors()...)
 	m.genAI = newGenAI(o)
 	reg.MustRegister(m.genAI.collectors()...)
-	m.storeUp.Set(1)
 	return m
 }
 
@@ -221,14 +227,10 @@ func (m *Metrics) Share(gateways int, fallback buckets.Limit) {
 	m.fallbackRate.Set(fallback.Rate * 60)
 }
 
-// StoreUp sets the store health gauge.
-func (m *Metrics) StoreUp(up bool) {
-	if up {
-		m.storeUp.Set(1)
-	} else {
-		m.storeUp.Set(0)
-	}
-}
+// StoreHealth makes tokengate_store_up read healthy at every scrape: pass
+// the failover store's Healthy. Without it the gauge reads 1, as a store
+// without a failover (the memory store) never has an outage.
+func (m *Metrics) StoreHealth(healthy func() bool) { m.storeHealth.Store(&healthy) }
 
 // Family maps a model name to a bounded label: the model family, never the
 // raw string a client sent.

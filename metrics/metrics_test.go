@@ -233,3 +233,38 @@ func TestAddSpendThroughInstrumentedStore(t *testing.T) {
 		t.Errorf("latency series = %d, want 1 (add_spend)", n)
 	}
 }
+
+// tokengate_store_up reads the store's health when it is scraped: 1 while
+// the failover store reaches the shared store, 0 during an outage, 1 with
+// no health to read (the memory store).
+func TestStoreUpReadsTheStoresHealth(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, Options{})
+	value := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "tokengate_store_up" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no tokengate_store_up")
+		return 0
+	}
+	if v := value(); v != 1 {
+		t.Errorf("store up without a health to read = %v, want 1", v)
+	}
+	healthy := true
+	m.StoreHealth(func() bool { return healthy })
+	healthy = false
+	if v := value(); v != 0 {
+		t.Errorf("store up during an outage = %v, want 0", v)
+	}
+	healthy = true
+	if v := value(); v != 1 {
+		t.Errorf("store up after the outage = %v, want 1", v)
+	}
+}

@@ -109,6 +109,7 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 			}
 		}
 		p.failover = failover.New(store, opts)
+		p.metrics.StoreHealth(p.failover.Healthy)
 		store = p.failover
 	}
 	store = withLeases(cfg, store, primary, p.metrics, logger, opts.now, &p.closers)
