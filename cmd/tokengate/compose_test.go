@@ -256,7 +256,7 @@ func TestComposeProvisionsTheDashboard(t *testing.T) {
 	}
 	var scrape struct {
 		ScrapeConfigs []struct {
-			MetricsPath   string `yaml:"metrics_path"`
+			MetricsPath   string                       `yaml:"metrics_path"`
 			StaticConfigs []struct{ Targets []string } `yaml:"static_configs"`
 		} `yaml:"scrape_configs"`
 	}
