@@ -53,7 +53,26 @@ type Config struct {
 	// AdminAPI configures the admin API on listeners.admin (limits and
 	// usage).
 	AdminAPI AdminAPI `yaml:"admin_api"`
+	// Metrics bounds what the metrics on listeners.admin label.
+	Metrics Metrics `yaml:"metrics"`
 }
+
+// Metrics bounds the labels of the GenAI metrics (package metrics): a model
+// the price table prices is labelled with its entry's name; of the other
+// models, the first MaxModels that an upstream answers successfully are
+// labelled by name (as modelname.Key reads it) and the rest "other".
+// Omitted, MaxModels is DefaultMaxModels; 0 labels by the price table only.
+type Metrics struct {
+	MaxModels *int `yaml:"max_models"`
+}
+
+// DefaultMaxModels is metrics.max_models when omitted, and MaxMaxModels
+// the most it may be: each model label multiplies the series of the GenAI
+// histograms.
+const (
+	DefaultMaxModels = 20
+	MaxMaxModels     = 500
+)
 
 // UsageBound is what usage a provider may report before tokengate charges
 // the bound instead (S8), by what the model can do: a prompt of at most
@@ -471,6 +490,10 @@ func (c *Config) applyDefaults() {
 	}
 	if c.UsageBound.ContextWindow == 0 {
 		c.UsageBound.ContextWindow = 2_000_000
+	}
+	if c.Metrics.MaxModels == nil {
+		n := DefaultMaxModels
+		c.Metrics.MaxModels = &n
 	}
 	if c.Store.Type == "" {
 		c.Store.Type = "memory"

@@ -121,11 +121,13 @@ policies:
 	got := struct {
 		Default, Store, OnFailure, NS, Key string
 		Lease                              time.Duration
-	}{c.DefaultPolicy, c.Store.Type, c.Store.OnFailure, c.Namespace, c.PolicyMetadataKey, c.Policies[0].Concurrency[0].Lease}
+		MaxModels                          int
+	}{c.DefaultPolicy, c.Store.Type, c.Store.OnFailure, c.Namespace, c.PolicyMetadataKey, c.Policies[0].Concurrency[0].Lease, *c.Metrics.MaxModels}
 	want := struct {
 		Default, Store, OnFailure, NS, Key string
 		Lease                              time.Duration
-	}{"only", "memory", "closed", "tokengate", "x-tokengate-policy", 10 * time.Minute}
+		MaxModels                          int
+	}{"only", "memory", "closed", "tokengate", "x-tokengate-policy", 10 * time.Minute, DefaultMaxModels}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)
 	}

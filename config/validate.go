@@ -228,6 +228,9 @@ func (v *validator) validate(c *Config) {
 	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
 	v.validateUsageBound(&c.UsageBound)
+	if n := *c.Metrics.MaxModels; n < 0 || n > MaxMaxModels {
+		v.add("metrics.max_models", "must be between 0 (label models of the price table only) and %d, got %d", MaxMaxModels, n)
+	}
 	v.validateAdminAPI(&c.AdminAPI)
 	if f := c.Tokenizer.FallbackEncoding; f != "" && !encodings[f] {
 		v.add("tokenizer.fallback_encoding", "unknown encoding %q (use o200k_base or cl100k_base, or leave it empty to refuse unknown models)", f)

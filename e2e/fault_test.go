@@ -86,7 +86,7 @@ func outage(t *testing.T, mode failover.Mode, cluster bool) {
 		victim.Kill()
 	}
 	reg := prometheus.NewRegistry()
-	m := metrics.New(reg)
+	m := metrics.New(reg, metrics.Options{})
 	var fallbacks atomic.Int64
 	fo := failover.New(m.Instrument(redisstore.New(rc, redisstore.Options{})), failover.Options{
 		Mode:     mode,

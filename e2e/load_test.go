@@ -383,7 +383,7 @@ func redisGateway(t testing.TB, pol extproc.Policy) (*gateway, *ledger, *llm, *p
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
 	t.Cleanup(func() { rc.Close() })
 	reg := prometheus.NewRegistry()
-	m := metrics.New(reg)
+	m := metrics.New(reg, metrics.Options{})
 	led := newLedger(m.Instrument(redisstore.New(rc, redisstore.Options{})))
 	up := newLLM()
 	g := startGateway(t, gatewayConfig{store: led, policies: []extproc.Policy{pol}, upstream: startLLM(t, up), metrics: m})

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/extproc/provider"
 	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
@@ -155,6 +156,25 @@ type Outcome struct {
 	// Budget names the quota that refused the request (decision
 	// refused_budget, or never_admissible by a quota's whole budget).
 	Budget string
+
+	// API is the API the request was read as (tokenizer.API: chat,
+	// completions, embeddings, responses, messages, gemini); empty when
+	// the body was not counted. Embedding is true for a request that
+	// generates no output.
+	API       string
+	Embedding bool
+	// ResponseModel is the model the upstream's answer names, as it
+	// wrote it; empty when none was read.
+	ResponseModel string
+	// ProviderUsage is the usage the provider reported, by token type;
+	// the zero value when Usage is false.
+	ProviderUsage provider.Usage
+	// Streamed is true when the answer was a stream, counted live.
+	Streamed bool
+	// Duration runs from the request's headers to the end of its stream,
+	// on Config.Now. FirstOutput runs from the request's headers to the
+	// first output text of a streamed answer; zero when none arrived.
+	Duration, FirstOutput time.Duration
 }
 
 // QuotaCharge is what settling one request charged one quota: tokens, or

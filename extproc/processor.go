@@ -56,6 +56,8 @@ type processor struct {
 	req  request
 	resp response
 	st   settlement
+
+	started time.Time // the request's headers arrived (Config.Now)
 }
 
 // request is what the request phase read and decided. Written by the
@@ -100,6 +102,8 @@ type response struct {
 	outBuf      *[]byte // the pooled buffer out came from
 	delivered   int     // output tokens forwarded to the client
 	answers     int
+	model       string    // the model a non-streamed answer names
+	firstOutput time.Time // the first output text of a stream arrived
 	streamResp  *extprocv3.ProcessingResponse
 	streamBody  *extprocv3.StreamedBodyResponse
 }

@@ -289,6 +289,9 @@ func (p *processor) observe(ev []byte) bool {
 		p.seeUsage()
 	}
 	if e.Text != "" {
+		if p.resp.firstOutput.IsZero() {
+			p.resp.firstOutput = p.s.cfg.Now()
+		}
 		before := int(p.st.output.Load()) // the count after the previous event
 		p.resp.live.Write(e.Text)
 		n := p.resp.live.Tokens()
@@ -489,5 +492,6 @@ func (p *processor) readUsage() {
 		return
 	}
 	p.seeing(func(s *progress) { s.usage, s.usageOK, s.usageFinal, s.outputReported = u, ok, ok, ok })
+	p.resp.model = provider.ResponseModel(p.req.count.API, p.resp.body)
 	p.resp.body = nil
 }

@@ -165,6 +165,7 @@ func (s *Server) start(ctx context.Context) (*processor, error) {
 		return nil, status.Error(codes.ResourceExhausted, "tokengate has the most streams open it allows")
 	}
 	p := newProcessor(ctx, s, set, policy)
+	p.started = s.cfg.Now()
 	s.open[p] = struct{}{}
 	s.wg.Add(1)
 	return p, nil

@@ -373,6 +373,9 @@ func (p *processor) finish() {
 			AllowanceSource: string(p.req.count.AllowanceSource), FallbackEncoding: p.req.count.Fallback,
 			Waited: p.req.waited, InDebt: inDebt, Forgiven: forgiven, UsageClamped: clamped, StreamUnread: s.unread,
 			Quotas: quotas, Budget: p.req.budget,
+			API: string(p.req.count.API), Embedding: p.req.count.Embedding,
+			ResponseModel: p.responseModel(), ProviderUsage: s.providerUsage(), Streamed: s.sse,
+			Duration: p.s.cfg.Now().Sub(p.started), FirstOutput: p.sinceStart(p.resp.firstOutput),
 		})
 	}
 }

@@ -49,10 +49,12 @@ type Metrics struct {
 	quotaMoney    *prometheus.CounterVec
 	exhausted     *prometheus.CounterVec
 	limits        limitMetrics
+	genAI         genAI
 }
 
-// New registers tokengate's collectors on reg.
-func New(reg prometheus.Registerer) *Metrics {
+// New registers tokengate's collectors on reg, the GenAI ones labelled
+// as o says.
+func New(reg prometheus.Registerer, o Options) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_requests_total",
@@ -155,7 +157,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.gateways, m.fallbackRate, m.clamped, m.unread, m.quotaTokens, m.quotaMoney, m.exhausted)
 	m.limits = newLimitMetrics()
 	reg.MustRegister(m.limits.collectors()...)
+	// A store without a failover (the memory store) has no outage.
 	m.storeUp.Set(1)
+	m.genAI = newGenAI(o)
+	reg.MustRegister(m.genAI.collectors()...)
 	return m
 }
 
@@ -165,6 +170,7 @@ func (m *Metrics) Finish(o extproc.Outcome) {
 		return
 	}
 	m.requests.WithLabelValues(o.Policy, o.Decision).Inc()
+	m.genAI.finish(o)
 	if o.FallbackEncoding {
 		m.fallbackEnc.WithLabelValues(o.Policy).Inc()
 	}

@@ -16,7 +16,7 @@ import (
 
 func TestFinish(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := New(reg)
+	m := New(reg, Options{})
 	m.Finish(extproc.Outcome{Policy: "default", Decision: "admitted", Model: "gpt-4o-mini-2024-07-18", Reserved: 200, Settled: 50, SettleOutcome: "complete"})
 	m.Finish(extproc.Outcome{Policy: "default", Decision: "admitted", Model: "claude-3-5-haiku", Reserved: 100, Settled: 100, SettleOutcome: "cut_off", CutOff: true,
 		AllowanceSource: "history", FallbackEncoding: true, Waited: 300 * time.Millisecond, InDebt: []string{"user"}})
@@ -76,7 +76,7 @@ func TestFamilyBounded(t *testing.T) {
 // name, and a caller's cancellation is not a store error.
 func TestDebtForgivenCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := New(reg)
+	m := New(reg, Options{})
 	t0 := time.Unix(1_800_000_000, 0)
 	st := m.Instrument(buckets.NewMemory(buckets.MemoryOptions{Now: func() time.Time { return t0 }}))
 	ctx := context.Background()
@@ -123,7 +123,7 @@ tokengate_debt_forgiven_tokens_total{bucket="user"} 92
 // The fleet's size and this gateway's share of the fallback are gauges.
 func TestShare(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := New(reg)
+	m := New(reg, Options{})
 	m.Share(4, buckets.PerMinute(2500, 0))
 	want := `
 # HELP tokengate_fallback_tokens_per_minute This gateway's fallback limit per bucket while failing open: its share of the fleet's (S21).
@@ -142,7 +142,7 @@ tokengate_fleet_gateways 4
 // counted by policy.
 func TestClampedAndUnreadCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := New(reg)
+	m := New(reg, Options{})
 	m.Finish(extproc.Outcome{Policy: "p", Decision: "admitted", Reserved: 10, Settled: 4106, SettleOutcome: "complete", UsageClamped: true})
 	m.Finish(extproc.Outcome{Policy: "p", Decision: "admitted", Reserved: 60, Settled: 60, SettleOutcome: "aborted", StreamUnread: true})
 	m.Finish(extproc.Outcome{Policy: "p", Decision: "admitted", Reserved: 60, Settled: 20, SettleOutcome: "complete"})
@@ -163,7 +163,7 @@ tokengate_streams_unread_total{policy="p"} 1
 // requests a quota refused; labels are configuration names only.
 func TestQuotaSpendAndExhaustion(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := New(reg)
+	m := New(reg, Options{})
 	charges := []extproc.QuotaCharge{{Name: "team-monthly", Money: true, Amount: 1_564_000}, {Name: "key-daily", Amount: 40}}
 	m.Finish(extproc.Outcome{Policy: "teams", Decision: "admitted", Reserved: 28, Settled: 40, SettleOutcome: "cut_off", CutOff: true, Quotas: charges})
 	m.Finish(extproc.Outcome{Policy: "teams", Decision: "admitted", Reserved: 10, Settled: 10, SettleOutcome: "complete", Quotas: charges})
@@ -190,7 +190,7 @@ tokengate_quota_exhausted_total{policy="teams",quota="team-monthly"} 2
 
 // An instrumented store inspects through the store it wraps, timed.
 func TestInspectThroughInstrumentedStore(t *testing.T) {
-	m := New(prometheus.NewRegistry())
+	m := New(prometheus.NewRegistry(), Options{})
 	s := m.Instrument(buckets.NewMemory(buckets.MemoryOptions{}))
 	b := buckets.Bucket{Name: "b", Key: "b", Limit: buckets.Limit{Capacity: 10, Rate: 1}}
 	states, quotas, err := s.Inspect(context.Background(), []buckets.Bucket{b}, nil)
@@ -210,7 +210,7 @@ func TestInspectThroughInstrumentedStore(t *testing.T) {
 // outage's quota spend through the instrumented store, so it must pass
 // AddSpend through (timed as op "add_spend"), or the spend is never added.
 func TestAddSpendThroughInstrumentedStore(t *testing.T) {
-	m := New(prometheus.NewRegistry())
+	m := New(prometheus.NewRegistry(), Options{})
 	mem := buckets.NewMemory(buckets.MemoryOptions{})
 	var s buckets.Store = m.Instrument(mem)
 	add, ok := s.(buckets.SpendAdder)
@@ -231,5 +231,38 @@ func TestAddSpendThroughInstrumentedStore(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.storeLatency); n != 1 {
 		t.Errorf("latency series = %d, want 1 (add_spend)", n)
+	}
+}
+
+// tokengate_store_up reads the store's health when it is scraped: 1 while
+// the failover store reaches the shared store, 0 during an outage, 1 with
+// no health to read (the memory store).
+func TestStoreUpFollowsTheStoresState(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, Options{})
+	value := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "tokengate_store_up" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no tokengate_store_up")
+		return 0
+	}
+	if v := value(); v != 1 {
+		t.Errorf("store up before any state = %v, want 1", v)
+	}
+	m.StoreState(false, 3)
+	if v := value(); v != 0 {
+		t.Errorf("store up during an outage = %v, want 0", v)
+	}
+	m.StoreState(true, 0)
+	if v := value(); v != 1 {
+		t.Errorf("store up after the outage = %v, want 1", v)
 	}
 }

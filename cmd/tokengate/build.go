@@ -158,7 +158,7 @@ type buildOptions struct {
 func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts buildOptions) (*parts, error) {
 	p := &parts{registry: prometheus.NewRegistry()}
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	p.metrics = metrics.New(p.registry)
+	p.metrics = metrics.New(p.registry, metrics.Options{Prices: cfg.Prices(), MaxModels: *cfg.Metrics.MaxModels})
 	primary, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
 	if err != nil {
 		return nil, err

@@ -72,7 +72,7 @@ func TestComposeHealthAndOrder(t *testing.T) {
 		}
 		slices.Sort(order[name])
 	}
-	want := map[string][]string{"envoy": {"mockllm", "tokengate"}, "tokengate": {"redis"}}
+	want := map[string][]string{"envoy": {"mockllm", "tokengate"}, "tokengate": {"redis"}, "prometheus": {"tokengate"}, "grafana": {"prometheus"}}
 	if d := cmp.Diff(want, order); d != "" {
 		t.Errorf("depends_on (-want +got):\n%s", d)
 	}
@@ -232,5 +232,71 @@ func TestDockerfileHealthcheck(t *testing.T) {
 	}
 	if !healthcheck || !installed {
 		t.Errorf("Dockerfile: HEALTHCHECK with tokengate health %v, binary at /usr/local/bin/tokengate %v", healthcheck, installed)
+	}
+}
+
+// The compose stack's Prometheus scrapes tokengate's admin listener with the
+// shipped configuration, and its Grafana is provisioned with that
+// Prometheus as data source and the shipped dashboard in the folder its
+// dashboard provider reads. (TestDashboardPanelsOnPrometheus runs the same
+// Prometheus configuration and dashboard against the binary.)
+func TestComposeProvisionsTheDashboard(t *testing.T) {
+	c := readComposeFile(t)
+	cfg, err := config.Load(filepath.Join(repoRoot, hostPath(t, c.Services["tokengate"].Volumes, "/etc/tokengate/tokengate.yaml")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, adminPort, err := net.SplitHostPort(cfg.Listeners.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom := c.Services["prometheus"]
+	if !slices.Contains(prom.Command, "--config.file=/etc/prometheus/prometheus.yaml") {
+		t.Errorf("prometheus command %q does not read the mounted configuration", prom.Command)
+	}
+	var scrape struct {
+		ScrapeConfigs []struct {
+			MetricsPath   string                       `yaml:"metrics_path"`
+			StaticConfigs []struct{ Targets []string } `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	readYAML(t, hostPath(t, prom.Volumes, "/etc/prometheus/prometheus.yaml"), &scrape)
+	if len(scrape.ScrapeConfigs) != 1 || scrape.ScrapeConfigs[0].MetricsPath != "/metrics" || len(scrape.ScrapeConfigs[0].StaticConfigs) != 1 ||
+		!slices.Equal(scrape.ScrapeConfigs[0].StaticConfigs[0].Targets, []string{"tokengate:" + adminPort}) {
+		t.Errorf("prometheus scrapes %+v, want /metrics of tokengate:%s", scrape.ScrapeConfigs, adminPort)
+	}
+
+	grafana := c.Services["grafana"]
+	var ds struct {
+		Datasources []struct{ Type, URL string } `yaml:"datasources"`
+	}
+	readYAML(t, hostPath(t, grafana.Volumes, "/etc/grafana/provisioning/datasources/tokengate.yaml"), &ds)
+	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "prometheus" || ds.Datasources[0].URL != "http://prometheus:9090" {
+		t.Errorf("grafana data sources %+v, want the prometheus service", ds.Datasources)
+	}
+	var dash struct {
+		Providers []struct {
+			Type    string
+			Options struct{ Path string }
+		}
+	}
+	readYAML(t, hostPath(t, grafana.Volumes, "/etc/grafana/provisioning/dashboards/tokengate.yaml"), &dash)
+	if len(dash.Providers) != 1 || dash.Providers[0].Type != "file" {
+		t.Fatalf("grafana dashboard providers %+v, want one of type file", dash.Providers)
+	}
+	if got := hostPath(t, grafana.Volumes, dash.Providers[0].Options.Path+"/tokengate.json"); got != dashboardFile {
+		t.Errorf("grafana's dashboard folder holds %s, want %s", got, dashboardFile)
+	}
+}
+
+// readYAML decodes the repository's file into v.
+func readYAML(t *testing.T, file string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", file, err)
 	}
 }

@@ -266,7 +266,8 @@ func printServeHelp(w io.Writer, base, admin string) {
 	fmt.Fprintf(w, `tokengate demo stack listening on %[1]s (Envoy stand-in → tokengate → mock LLM)
 metrics on %[2]s/metrics
 policies: "demo" on %[1]s/v1/… (1000-token burst, 600 tokens/min per x-user-id)
-          "capped" on %[1]s/capped/v1/… (80 output tokens per request, then the stream is cut)
+          "capped" on %[1]s/capped/v1/… (a stream is cut at 80 output tokens; an answer that is not
+          streamed is not: it arrives whole and is charged whole, as clamp_output: true would prevent)
 
 try:
   curl -s %[1]s/v1/chat/completions -H 'x-user-id: me' -H 'content-type: application/json' \
@@ -401,7 +402,7 @@ func tour(ctx context.Context, env *demoEnv, w io.Writer) error {
 	}
 
 	// 5. Cut-off at a hard budget.
-	step(5, "dave streams on the \"capped\" route (80 output tokens per request) but asks for 300")
+	step(5, "dave streams on the \"capped\" route (a stream is cut at 80 output tokens) but asks for 300")
 	capped := client("dave", option.WithBaseURL(env.base+"/capped/v1/"))
 	upstreamSeen = len(env.mock.Requests())
 	n, finish, _, err = streamWithProgress(w, capped.Chat.Completions.NewStreaming(ctx, ask("Write a long poem.", 300)))

@@ -197,7 +197,7 @@ func (r *descRecorder) MustRegister(cs ...prometheus.Collector) {
 var (
 	descNameRE   = regexp.MustCompile(`fqName: "([^"]+)"`)
 	descLabelsRE = regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
-	readmeMetric = regexp.MustCompile("`(tokengate_[a-z_]+)(\\{([a-z_,]*)\\})?`")
+	readmeMetric = regexp.MustCompile("`((?:tokengate|gen_ai)_[a-z_]+)(\\{([a-z_,]*)\\})?`")
 )
 
 // registeredMetrics are the metrics package metrics registers, by name,
@@ -205,7 +205,7 @@ var (
 func registeredMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	rec := &descRecorder{Registerer: prometheus.NewRegistry()}
-	metrics.New(rec)
+	metrics.New(rec, metrics.Options{})
 	code := map[string]string{}
 	for _, d := range rec.descs {
 		name := descNameRE.FindStringSubmatch(d.String())
@@ -234,7 +234,7 @@ func TestServeExportsOnlyPackageMetrics(t *testing.T) {
 	}
 	code := registeredMetrics(t)
 	seen := 0
-	for _, m := range regexp.MustCompile(`(?m)^# HELP (tokengate_[a-z_]+) `).FindAllStringSubmatch(body, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^# HELP ((?:tokengate|gen_ai)_[a-z_]+) `).FindAllStringSubmatch(body, -1) {
 		seen++
 		if _, ok := code[m[1]]; !ok {
 			t.Errorf("serve exports %s, which package metrics does not register (the README's table cannot be checked against it)", m[1])

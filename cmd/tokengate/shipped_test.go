@@ -109,7 +109,7 @@ func TestEveryShippedConfigIsRun(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !isEnvoyFile(rel) {
+			if _, other := shippedOtherFiles[rel]; !isEnvoyFile(rel) && !other {
 				found = append(found, rel)
 			}
 		}
@@ -581,9 +581,39 @@ func TestShippedEnvoyFilesValidate(t *testing.T) {
 	}
 }
 
+// shippedOtherFiles are the files under examples/ that are neither
+// tokengate nor Envoy configuration, each with the test that runs it.
+var shippedOtherFiles = map[string]string{
+	"examples/monitoring/prometheus.yaml":          "TestDashboardPanelsOnPrometheus (a real Prometheus runs it)",
+	"examples/monitoring/tokengate-dashboard.json": "TestDashboardPanelsOnPrometheus (every panel's query on that Prometheus)",
+	"examples/monitoring/grafana/datasource.yaml":  "TestComposeProvisionsTheDashboard",
+	"examples/monitoring/grafana/dashboards.yaml":  "TestComposeProvisionsTheDashboard",
+}
+
 // Every YAML file under envoy/ and examples/ that is not a tokengate
-// configuration is in shippedEnvoyFiles.
+// configuration is in shippedEnvoyFiles, and every other file under
+// examples/ (JSON, nested YAML) in shippedOtherFiles.
 func TestEveryShippedEnvoyFileIsListed(t *testing.T) {
+	for f := range shippedOtherFiles {
+		if _, err := os.Stat(filepath.Join(repoRoot, f)); err != nil {
+			t.Errorf("shippedOtherFiles lists %s: %v", f, err)
+		}
+	}
+	for _, pattern := range []string{"examples/*/*.json", "examples/*/*/*.yaml", "examples/*/*/*.json"} {
+		m, err := filepath.Glob(filepath.Join(repoRoot, pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range m {
+			rel, err := filepath.Rel(repoRoot, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := shippedOtherFiles[rel]; !ok {
+				t.Errorf("%s ships but is not in shippedOtherFiles", rel)
+			}
+		}
+	}
 	for _, pattern := range []string{"envoy/*.yaml", "examples/*/*.yaml"} {
 		m, err := filepath.Glob(filepath.Join(repoRoot, pattern))
 		if err != nil {
@@ -595,8 +625,9 @@ func TestEveryShippedEnvoyFileIsListed(t *testing.T) {
 				t.Fatal(err)
 			}
 			tokengate := slices.ContainsFunc(shippedConfigs, func(c shippedConfig) bool { return c.file == rel })
-			if !tokengate && !isEnvoyFile(rel) {
-				t.Errorf("%s ships but is in neither shippedEnvoyFiles nor shippedConfigs", rel)
+			_, other := shippedOtherFiles[rel]
+			if !tokengate && !isEnvoyFile(rel) && !other {
+				t.Errorf("%s ships but is in none of shippedEnvoyFiles, shippedConfigs and shippedOtherFiles", rel)
 			}
 		}
 	}
