@@ -36,6 +36,7 @@ type composeService struct {
 	Ports       []string                     `json:"ports"`
 	DependsOn   map[string]composeDependency `json:"depends_on"`
 	Healthcheck *composeHealthcheck          `json:"healthcheck"`
+	Environment map[string]string            `json:"environment"`
 }
 
 type composeDependency struct {
@@ -79,7 +80,7 @@ func TestComposeServices(t *testing.T) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	if diff := cmp.Diff([]string{"envoy", "mockllm", "redis", "tokengate"}, names); diff != "" {
+	if diff := cmp.Diff([]string{"envoy", "grafana", "mockllm", "prometheus", "redis", "tokengate"}, names); diff != "" {
 		t.Fatalf("services (-want +got):\n%s", diff)
 	}
 	for name, s := range c.Services {
