@@ -53,6 +53,12 @@ type Config struct {
 	// AdminAPI configures the admin API on listeners.admin (limits and
 	// usage).
 	AdminAPI AdminAPI `yaml:"admin_api"`
+	// RLS maps Envoy's rate-limit service requests onto policies (see
+	// rls.go); nil serves none.
+	RLS *RLS `yaml:"rls"`
+
+	// rlsTrees are RLS's domains, built once by validation.
+	rlsTrees map[string]*RLSTree
 }
 
 // UsageBound is what usage a provider may report before tokengate charges
