@@ -40,6 +40,8 @@ func init() {
 			func(ctx context.Context, args []string, s stdio) error {
 				return runValidate(ctx, args, s.out, s.errOut)
 			}},
+		{"import", "ratelimit [--merge-domains] FILE...", "print the tokengate configuration equal to envoyproxy/ratelimit's", importHelp,
+			func(ctx context.Context, args []string, s stdio) error { return runImport(ctx, args, s.out, s.errOut) }},
 		{"count", "[--config FILE] [--policy NAME] [flags] FILE|-",
 			"print what a request body reserves: input tokens, output allowance, total", countHelp,
 			func(ctx context.Context, args []string, s stdio) error {
