@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
 	"github.com/tokengate/tokengate/rls/rlconfig"
 )
@@ -271,5 +272,46 @@ func TestImportNames(t *testing.T) {
 	}
 	if sanitize(long+"a", "") == sanitize(long+"b", "") {
 		t.Error("two long names collide")
+	}
+}
+
+// A RateLimitConfig as Envoy Gateway pushes it over xDS (§4.2) imports as a
+// file does: the Distinct header entry (no value) is the policy's identity,
+// the leaf's limit a bucket per that identity, in shadow mode.
+func TestImportRatelimitFromXDS(t *testing.T) {
+	route := "httproute/default/llm-api/rule/0/match/0/llm_example_com"
+	f := rlconfig.FromXDS(&rlsconfv3.RateLimitConfig{
+		Name: "default/eg/http", Domain: "default/eg/http",
+		Descriptors: []*rlsconfv3.RateLimitDescriptor{{
+			Key: route, Value: route, ShadowMode: true,
+			Descriptors: []*rlsconfv3.RateLimitDescriptor{{
+				Key: "rule-0-match-0", ShadowMode: true,
+				RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_HOUR, RequestsPerUnit: 100000},
+			}},
+		}},
+	})
+	im, err := ImportRatelimit([]*rlconfig.File{f}, rlconfig.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := im.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse("eg.yaml", out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	m, _, ok := c.MatchRLS("default/eg/http", descriptor(route, route, "rule-0-match-0", "tenant-a"))
+	if !ok || !m.Descriptor().ShadowMode {
+		t.Fatalf("matched %v, want the shadow-mode leaf:\n%s", ok, out)
+	}
+	p, _ := c.Policy(m.Descriptor().Policy)
+	bs, _, _ := m.Descriptor().Meets(p)
+	if len(bs) != 1 || bs[0].Per != "rule-0-match-0" || bs[0].Burst != 100000 || math.Abs(bs[0].TokensPerMinute*60-100000) > 1e-6 {
+		t.Errorf("buckets %+v, want 100000 tokens refilling 100000 an hour per rule-0-match-0", bs)
+	}
+	if id, ok := m.Identity(bs[0].Per); !ok || id != "tenant-a" {
+		t.Errorf("identity %q (%v), want tenant-a", id, ok)
 	}
 }
