@@ -562,6 +562,8 @@ rate_limits:
           descriptor_key: masked_remote_address
           descriptor_value: "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"
           address_matcher: {ranges: [{address_prefix: 10.0.0.0, prefix_len: 8}]}
+  - actions: [{query_parameter_value_match: {descriptor_value: gpt, query_parameters: [{name: model, string_match: {prefix: gpt}}]}}]
+  - actions: [{query_parameter_value_match: {descriptor_value: mini, query_parameters: [{name: model, string_match: {suffix: mini}}]}}]
 `)
 	h := newRLHarness(t, RateLimitConfig{Filter: f, ServiceCluster: "front", RemoteAddress: func(*http.Request) string { return "10.1.2.3:5555" }}, ok, nil)
 	h.do(t, "GET", "/?model=gpt-4o", "")
@@ -574,6 +576,7 @@ rate_limits:
 		nil,
 		{"source_cluster=front", "destination_cluster=upstream"},
 		{"masked_remote_address=10.1.2.3"},
+		{"query_match=gpt"},
 	}
 	// No x-user-id drops the first; no x-team leaves the second with no
 	// entries at all; GET drops both header_value_match descriptors.
@@ -583,6 +586,35 @@ rate_limits:
 	h = newRLHarness(t, RateLimitConfig{Filter: filterConfig(t, "domain: d\nrate_limits: [{actions: [{request_headers: {header_name: x-user-id, descriptor_key: user}}]}]")}, ok, nil)
 	if res := h.do(t, "GET", "/", ""); res.status != 200 || len(h.rls.seen()) != 0 || len(h.entry(t, 1).Calls) != 0 {
 		t.Errorf("no descriptors: status %d, %d calls", res.status, len(h.rls.seen()))
+	}
+}
+
+// With the runtime guard enable_formatter_for_ratelimit_action_descriptor_value
+// on, a generic_key value is formatted: empty takes default_value, and with
+// no default the descriptor is dropped (§2.3). Off (Envoy's default), the
+// value is literal.
+func TestRateLimitScenario21FormattedDescriptorValues(t *testing.T) {
+	const f = `
+domain: d
+rate_limits:
+  - actions: [{generic_key: {descriptor_key: tenant, descriptor_value: "%REQ(x-tenant)%", default_value: none}}]
+  - actions: [{generic_key: {descriptor_key: team, descriptor_value: "team-%REQ(x-team)%"}}]
+  - actions: [{generic_key: {descriptor_key: org, descriptor_value: "%REQ(x-org)%"}}]
+`
+	for _, tt := range []struct {
+		format bool
+		hdr    []string
+		want   [][]string
+	}{
+		{false, nil, [][]string{{"tenant=%REQ(x-tenant)%"}, {"team=team-%REQ(x-team)%"}, {"org=%REQ(x-org)%"}}},
+		{true, []string{"x-tenant", "acme", "x-team", "red", "x-org", "o"}, [][]string{{"tenant=acme"}, {"team=team-red"}, {"org=o"}}},
+		{true, nil, [][]string{{"tenant=none"}, {"team=team-"}}},
+	} {
+		h := newRLHarness(t, RateLimitConfig{Filter: filterConfig(t, f), FormatDescriptorValues: tt.format}, ok, nil)
+		h.do(t, "GET", "/", "", tt.hdr...)
+		if got := entries(h.rls.seen()[0].req); !cmp.Equal(got, tt.want) {
+			t.Errorf("format %v, headers %q: %q, want %q", tt.format, tt.hdr, got, tt.want)
+		}
 	}
 }
 
