@@ -1,7 +1,8 @@
 // Package config reads tokengate's one configuration file: listeners, the
 // bucket store and its failure mode, the tokenizer's fallbacks, the prices
-// that cost quotas charge, and the policies that Envoy routes choose
-// between.
+// that cost quotas charge, the policies that Envoy routes choose between,
+// and the mapping of rate-limit service requests onto them (rls.go), with
+// the import of envoyproxy/ratelimit's configuration (import.go).
 //
 // Decoding is strict: an unknown key is an error, as is a missing required
 // field or an invalid value. Every problem in a file is reported at once,
@@ -55,6 +56,13 @@ type Config struct {
 	AdminAPI AdminAPI `yaml:"admin_api"`
 	// Metrics bounds what the metrics on listeners.admin label.
 	Metrics Metrics `yaml:"metrics"`
+
+	// RLS maps Envoy's rate-limit service requests onto policies (see
+	// rls.go); nil serves none.
+	RLS *RLS `yaml:"rls"`
+
+	// rlsTrees are RLS's domains, built once by validation.
+	rlsTrees map[string]*RLSTree
 }
 
 // Metrics bounds the labels of the GenAI metrics (package metrics): a model

@@ -136,7 +136,7 @@ policies:
 // Every valid fixture and shipped example config loads.
 func TestValidFixtures(t *testing.T) {
 	var files []string
-	for _, pattern := range []string{"testdata/valid/*.yaml", "../examples/configs/*.yaml", "../examples/compose/tokengate.yaml", "default.yaml"} {
+	for _, pattern := range []string{"testdata/valid/*.yaml", "../examples/configs/*.yaml", "../examples/compose/tokengate.yaml", "../examples/rls/tokengate.yaml", "default.yaml"} {
 		m, err := filepath.Glob(pattern)
 		if err != nil || len(m) == 0 {
 			t.Fatalf("%s: %v %v", pattern, m, err)

@@ -26,6 +26,9 @@ type validator struct {
 	// badValues counts values of the wrong type; unknown keys do not count,
 	// so they do not hide problems with the values around them.
 	badValues int
+	// rlsGiven lists, per policy, the identities that rls descriptors give
+	// (see rlsIdentities).
+	rlsGiven map[string]map[string]bool
 }
 
 var (
@@ -224,6 +227,7 @@ var metadataKeyRE = regexp.MustCompile(`^[a-z0-9_.-]+$`)
 
 // validate checks every field's value; it runs after defaults are applied.
 func (v *validator) validate(c *Config) {
+	v.rlsGiven = rlsIdentities(c.RLS)
 	v.validateListeners(&c.Listeners)
 	v.validateListenerTLS(&c.Listeners)
 	v.validateStore(&c.Store)
@@ -266,6 +270,7 @@ func (v *validator) validate(c *Config) {
 	v.validateSharedProviders(c)
 	v.validateLeases(c)
 	v.validatePricing(c)
+	v.validateRLS(c)
 	if c.DefaultPolicy == "" {
 		if len(c.Policies) > 1 {
 			v.add("default_policy", "is required when there is more than one policy")
@@ -427,6 +432,9 @@ func (v *validator) validatePolicy(path string, p *Policy) {
 		}
 		name(join(ip, "name"), id.Name)
 		idents[id.Name] = true
+		if id.Header == "" && id.Metadata == "" && id.Path == "" && v.rlsGiven[p.Name][id.Name] {
+			continue // given by rls descriptors only; over ext_proc it is always absent
+		}
 		v.validateSource(ip, id.Header, id.Metadata, id.Path, "payload.sub")
 	}
 	switch p.Anonymous {

@@ -46,6 +46,13 @@ func (u *unit) check() {
 	for _, h := range u.hcms {
 		u.checkHCM(h)
 	}
+	for _, rl := range u.rateLimits {
+		u.checkRateLimit(rl)
+	}
+	for _, pr := range u.rlPerRoutes {
+		u.domains = append(u.domains, domainAt{joinPath(pr.path, "domain"), pr.cfg.GetDomain()})
+	}
+	u.checkDomains()
 	for _, rc := range u.routeCfgs {
 		if rc.path == "" { // a bare route configuration; those inside an HCM are checked with it
 			u.checkRoutes(rc.path, rc.rc, nil, 0)
@@ -63,7 +70,7 @@ func (u *unit) checkExtProc(e extProcAt) {
 		// Istio already has, so the merged result is not known here.
 		return
 	}
-	u.checkGRPCService(cfg.GetGrpcService(), joinPath(e.path, "grpc_service"))
+	u.checkGRPCService(cfg.GetGrpcService(), joinPath(e.path, "grpc_service"), extProcUse)
 	pm := cfg.GetProcessingMode()
 	u.checkModes(pm, joinPath(e.path, "processing_mode"))
 
@@ -205,12 +212,26 @@ func (u *unit) checkPerRoute(pr perRouteAt) {
 	if o.GetProcessingMode() != nil {
 		u.checkModes(o.GetProcessingMode(), joinPath(pr.path, "overrides.processing_mode"))
 	}
-	u.checkGRPCService(o.GetGrpcService(), joinPath(pr.path, "overrides.grpc_service"))
+	u.checkGRPCService(o.GetGrpcService(), joinPath(pr.path, "overrides.grpc_service"), extProcUse)
 }
 
-// checkGRPCService checks, in a bootstrap, that the ext_proc gRPC cluster
-// exists, speaks HTTP/2, and is encrypted unless it is on this host.
-func (u *unit) checkGRPCService(gs *corev3.GrpcService, path string) {
+// grpcUse names, for messages, what a gRPC cluster to tokengate carries.
+type grpcUse struct {
+	stream   string // "the ext_proc gRPC stream"
+	call     string // "ext_proc call"
+	carrying string // what travels in plaintext without TLS
+}
+
+var (
+	extProcUse = grpcUse{"the ext_proc gRPC stream", "ext_proc call", "the ext_proc stream carries every prompt, answer and API key"}
+	rlsUse     = grpcUse{"the rate-limit service's calls", "ShouldRateLimit call",
+		"the rate-limit calls carry every request's descriptors, the identities tokengate meters,"}
+)
+
+// checkGRPCService checks, in a bootstrap, that the gRPC cluster of
+// tokengate's ext_proc or rate-limit service exists, speaks HTTP/2, and is
+// encrypted unless it is on this host.
+func (u *unit) checkGRPCService(gs *corev3.GrpcService, path string, use grpcUse) {
 	name := gs.GetEnvoyGrpc().GetClusterName()
 	if name == "" || u.bootstrap == nil {
 		return
@@ -219,8 +240,8 @@ func (u *unit) checkGRPCService(gs *corev3.GrpcService, path string) {
 	for i, c := range u.bootstrap.GetStaticResources().GetClusters() {
 		if c.GetName() == name {
 			cp := indexPath("static_resources.clusters", i)
-			u.checkHTTP2(c, cp)
-			u.checkTLS(c, cp)
+			u.checkHTTP2(c, cp, use)
+			u.checkTLS(c, cp, use)
 			return
 		}
 	}
@@ -231,7 +252,7 @@ func (u *unit) checkGRPCService(gs *corev3.GrpcService, path string) {
 		"cluster %q does not exist among static_resources.clusters: Envoy rejects the configuration", name)
 }
 
-func (u *unit) checkHTTP2(c *clusterv3.Cluster, path string) {
+func (u *unit) checkHTTP2(c *clusterv3.Cluster, path string, use grpcUse) {
 	if c.GetHttp2ProtocolOptions() != nil {
 		return // deprecated spelling, still honoured
 	}
@@ -248,17 +269,17 @@ func (u *unit) checkHTTP2(c *clusterv3.Cluster, path string) {
 		}
 	}
 	u.add(Error, path, RuleGRPCHTTP2,
-		"cluster %q carries the ext_proc gRPC stream but does not speak HTTP/2 (gRPC needs it; every "+
-			"ext_proc call would fail): set typed_extension_protocol_options[%q].explicit_http_config."+
-			"http2_protocol_options", c.GetName(), httpProtocolOptionsKey)
+		"cluster %q carries %s but does not speak HTTP/2 (gRPC needs it; every "+
+			"%s would fail): set typed_extension_protocol_options[%q].explicit_http_config."+
+			"http2_protocol_options", c.GetName(), use.stream, use.call, httpProtocolOptionsKey)
 }
 
 const rawBufferType = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 
-// checkTLS warns when the ext_proc stream leaves the host in plaintext:
-// it carries every prompt, answer and credential header, and tokengate
-// believes the identities it is sent.
-func (u *unit) checkTLS(c *clusterv3.Cluster, path string) {
+// checkTLS warns when the ext_proc stream or the rate-limit calls leave
+// the host in plaintext: they carry prompts, answers, credentials or
+// identities, and tokengate believes the identities it is sent.
+func (u *unit) checkTLS(c *clusterv3.Cluster, path string, use grpcUse) {
 	if ts := c.GetTransportSocket(); ts != nil && ts.GetTypedConfig().GetTypeUrl() != rawBufferType {
 		return
 	}
@@ -279,11 +300,11 @@ func (u *unit) checkTLS(c *clusterv3.Cluster, path string) {
 		return
 	}
 	u.add(Warning, joinPath(path, "transport_socket"), RuleGRPCTLS,
-		"cluster %q reaches tokengate at %s without TLS, and that address is not loopback: the ext_proc "+
-			"stream carries every prompt, answer and API key in plaintext, and whoever reaches tokengate's "+
+		"cluster %q reaches tokengate at %s without TLS, and that address is not loopback: %s "+
+			"in plaintext, and whoever reaches tokengate's "+
 			"port can spend any identity's budget; add a transport_socket with an UpstreamTlsContext (and a "+
 			"client certificate for mTLS), unless a mesh sidecar encrypts the hop",
-		c.GetName(), strings.Join(remote, ", "))
+		c.GetName(), strings.Join(remote, ", "), use.carrying)
 }
 
 func isLoopback(host string) bool {
@@ -312,7 +333,7 @@ func (u *unit) checkHCM(h hcmAt) {
 	if rc := h.hcm.GetRouteConfig(); rc != nil {
 		u.checkRouteClusters(joinPath(h.path, "route_config"), rc)
 	}
-	u.checkFilterOrder(h, len(names) > 0)
+	u.checkFilterOrder(h, len(names) > 0 || slices.ContainsFunc(h.hcm.GetHttpFilters(), isRateLimit))
 	if len(names) == 0 {
 		return
 	}

@@ -13,6 +13,15 @@
 // where Envoy would reject the file or tokengate cannot work with it,
 // warnings where it works but loses something.
 //
+// tokengate also serves Envoy's rate-limit service API: the same checks
+// apply to Envoy's global rate-limit filter (envoy.filters.http.ratelimit)
+// and its rate_limit_service cluster (V3, HTTP/2, a timeout, a failure
+// mode stated, domains the tokengate configuration maps), and to what
+// controllers make of their own resources: Envoy Gateway's
+// BackendTrafficPolicy rate limits, Envoy AI Gateway's QuotaPolicy and
+// agentgateway's remoteRateLimit policies (see ratelimit.go and
+// ratelimit_controllers.go).
+//
 // Modes lists the body-mode combinations tokengate supports and which Envoy
 // versions each fits. The recommended configuration (Envoy ≥ 1.36) and the
 // STREAMED fallback for older Envoy are embedded: see Files, Recommended and

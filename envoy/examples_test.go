@@ -87,6 +87,11 @@ func TestShippedManifests(t *testing.T) {
 		"envoy-gateway/tokengate-policy.yaml": {checked: []string{"EnvoyExtensionPolicy tokengate"}, skipped: []string{"Backend tokengate", "ClientTrafficPolicy llm-clients", "HTTPRoute llm-api"}},
 		// The snippet's tokengate.internal is a placeholder for a remote host.
 		"plain-envoy/tokengate-snippet.yaml": {checked: []string{"bootstrap"}, warnings: []string{RuleGRPCTLS}},
+		"rls/envoy.yaml":                     {checked: []string{"bootstrap"}},
+		"rls/istio-envoyfilter.yaml":         {checked: []string{"EnvoyFilter tokengate-ratelimit"}},
+		"rls/envoy-gateway.yaml":             {checked: []string{"BackendTrafficPolicy llm-token-budget"}, skipped: []string{"ConfigMap envoy-gateway-config"}},
+		"rls/ai-gateway-quota.yaml":          {checked: []string{"QuotaPolicy openai-quota"}},
+		"rls/agentgateway.yaml":              {checked: []string{"agentgateway configuration"}},
 	}
 	seen := 0
 	err := filepath.WalkDir(examplesDir, func(path string, d fs.DirEntry, err error) error {

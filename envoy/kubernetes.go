@@ -57,6 +57,12 @@ func (c *checker) manifest(t *tree, doc map[string]any) {
 	case group == "gateway.envoyproxy.io" && kind == "EnvoyExtensionPolicy":
 		c.report.Checked = append(c.report.Checked, label)
 		c.extensionPolicy(t, doc)
+	case group == "gateway.envoyproxy.io" && kind == "BackendTrafficPolicy":
+		c.report.Checked = append(c.report.Checked, label)
+		c.backendTrafficPolicy(t, doc)
+	case group == "aigateway.envoyproxy.io" && kind == "QuotaPolicy":
+		c.report.Checked = append(c.report.Checked, label)
+		c.quotaPolicy(t, doc)
 	default:
 		c.report.Skipped = append(c.report.Skipped, label)
 	}
@@ -67,6 +73,7 @@ func (c *checker) manifest(t *tree, doc map[string]any) {
 // structural schema makes them.
 type schema struct {
 	fields map[string]*schema // a mapping with these keys
+	open   bool               // ... and any other key, left unchecked
 	list   *schema            // a list of these
 	enum   []string           // a string, one of these
 	kind   string             // a scalar: "string", "bool", "int"; "" means anything
@@ -93,13 +100,20 @@ func (c *checker) conform(t *tree, rule, path string, v any, s *schema) {
 		for _, k := range keys {
 			sub, ok := s.fields[k]
 			p := joinPath(path, k)
+			if !ok && s.open {
+				continue
+			}
 			if !ok {
 				known := make([]string, 0, len(s.fields))
 				for f := range s.fields {
 					known = append(known, f)
 				}
 				slices.Sort(known)
-				u.add(Error, p, rule, "unknown field %q; the API server rejects it (known: %s)", k, strings.Join(known, ", "))
+				who := "the API server"
+				if rule == RuleAgentgateway {
+					who = "agentgateway"
+				}
+				u.add(Error, p, rule, "unknown field %q; %s rejects it (known: %s)", k, who, strings.Join(known, ", "))
 				continue
 			}
 			c.conform(t, rule, p, m[k], sub)

@@ -42,13 +42,16 @@ const (
 	RuleExtProcOrder    = "ext-proc-after-router" // the ext_proc filter comes after the router
 	RuleGRPCCluster     = "grpc-cluster-exists"   // grpc_service.envoy_grpc names no cluster
 	RuleRouteCluster    = "route-cluster-exists"  // a static route sends to no cluster
-	RuleGRPCHTTP2       = "grpc-cluster-http2"    // the ext_proc cluster does not speak HTTP/2
+	RuleGRPCHTTP2       = "grpc-cluster-http2"    // the ext_proc or rate-limit cluster does not speak HTTP/2
 	RuleProcessingMode  = "processing-mode"       // a processing mode tokengate does not support
 	RuleDuplexTrailers  = "duplex-trailer-mode"   // FULL_DUPLEX_STREAMED without that direction's trailer mode SEND
 	RuleObservability   = "observability-mode"    // answers ignored: no enforcement
 	RulePolicy          = "policy-exists"         // a route names a policy the tokengate configuration lacks
 	RuleIstio           = "istio-envoyfilter"     // an EnvoyFilter field Istio rejects
-	RuleEnvoyGatewayCRD = "envoy-gateway-crd"     // an EnvoyExtensionPolicy field Envoy Gateway rejects
+	RuleEnvoyGatewayCRD = "envoy-gateway-crd"     // an EnvoyExtensionPolicy or BackendTrafficPolicy field Envoy Gateway rejects
+	RuleRLSTransport    = "rls-transport-v3"      // rate_limit_service.transport_api_version is not V3
+	RuleAIGatewayCRD    = "ai-gateway-crd"        // a QuotaPolicy field Envoy AI Gateway rejects
+	RuleAgentgateway    = "agentgateway-config"   // a remoteRateLimit field agentgateway rejects
 
 	// Warnings.
 	RuleMetadata        = "metadata-namespace"    // tokengate's dynamic metadata is dropped
@@ -61,6 +64,10 @@ const (
 	RuleRouteTimeout    = "route-timeout"         // route timeout cuts long generations
 	RuleIdleTimeout     = "stream-idle-timeout"   // idle timeout missing or too short
 	RuleMergeUnchecked  = "merge-unchecked"       // an EnvoyFilter MERGE whose result validate cannot see
+	RuleRLSTimeout      = "rls-timeout"           // the rate-limit call's timeout is Envoy's 20 ms, none, or too short
+	RuleRLSFailureMode  = "rls-failure-mode"      // failure_mode_deny (failureMode) not stated
+	RuleRLSRequestCost  = "rls-request-cost"      // a response cost without a request cost of 0: every request also costs 1
+	RuleRLSDomain       = "rls-domain-mapped"     // a rate-limit domain no rls section of the tokengate configuration maps
 )
 
 // Problem is one finding about an Envoy YAML file. The zero value is an

@@ -15,6 +15,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -28,6 +29,7 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -61,6 +63,7 @@ var (
 	kindHCM       = kind{"http connection manager", func() proto.Message { return &hcmv3.HttpConnectionManager{} }}
 	kindFilter    = kind{"http filter", func() proto.Message { return &hcmv3.HttpFilter{} }}
 	kindExtProc   = kind{"ext_proc filter config", func() proto.Message { return &extprocv3.ExternalProcessor{} }}
+	kindRateLimit = kind{"rate limit filter config", func() proto.Message { return &rlfilterv3.RateLimit{} }}
 	kindCluster   = kind{"cluster", func() proto.Message { return &clusterv3.Cluster{} }}
 	kindAny       = kind{"typed message", func() proto.Message { return &anypb.Any{} }}
 )
@@ -93,6 +96,8 @@ func detect(doc map[string]any) (kind, bool) {
 		if strings.HasPrefix(name, "envoy.") {
 			return kindFilter, true
 		}
+	case has("rate_limit_service", "rateLimitService"):
+		return kindRateLimit, true
 	case has("grpc_service", "grpcService", "processing_mode", "processingMode"):
 		return kindExtProc, true
 	case has("load_assignment", "loadAssignment", "connect_timeout", "connectTimeout") && has("name"):
@@ -119,7 +124,7 @@ func LooksLikeEnvoy(data []byte) bool {
 		if !ok {
 			continue
 		}
-		if isManifest(doc) {
+		if isManifest(doc) || isAgentgateway(doc) {
 			return true
 		}
 		k, ok := detect(doc)
@@ -138,16 +143,18 @@ func LooksLikeEnvoy(data []byte) bool {
 
 // Validate checks an Envoy YAML file with Envoy's own API, then with the
 // rules tokengate needs (processing modes, filter order, HTTP/2 and TLS to
-// the processor, dynamic metadata, timeouts). A document may be a
-// bootstrap, a bare listener, a route configuration, an HTTP connection
-// manager, an HTTP filter (name + typed_config, e.g.
-// envoy.filters.http.ext_proc), an ext_proc config, a cluster, any of these
-// with an explicit @type, or a Kubernetes manifest: an Istio EnvoyFilter
-// (each patch value is checked as the type its applyTo implies) or an Envoy
-// Gateway EnvoyExtensionPolicy (each extProc entry is checked as the
-// ext_proc filter Envoy Gateway generates). Files may hold several
-// documents separated by "---". Every typed_config is unpacked and
-// validated too.
+// the processor and the rate-limit service, dynamic metadata, timeouts). A
+// document may be a bootstrap, a bare listener, a route configuration, an
+// HTTP connection manager, an HTTP filter (name + typed_config, e.g.
+// envoy.filters.http.ext_proc), an ext_proc or rate-limit filter config, a
+// cluster, any of these with an explicit @type, or a Kubernetes manifest:
+// an Istio EnvoyFilter (each patch value is checked as the type its
+// applyTo implies), an Envoy Gateway EnvoyExtensionPolicy (each extProc
+// entry is checked as the ext_proc filter Envoy Gateway generates) or
+// BackendTrafficPolicy (its rate limits), or an Envoy AI Gateway
+// QuotaPolicy; or an agentgateway configuration (its remoteRateLimit
+// policies). Files may hold several documents separated by "---". Every
+// typed_config is unpacked and validated too.
 //
 // The result is empty when the file is fine. Only problems with Severity
 // Error mean the file will not work (see HasErrors). Validate is safe for
@@ -170,6 +177,9 @@ type PolicySet struct {
 	File  string   // the configuration's file name, for messages
 	Key   string   // the gRPC initial metadata key naming the policy; "" means DefaultPolicyMetadataKey
 	Names []string // the policies it defines
+	// Domains are the rate-limit domains its rls section maps; nil when it
+	// has none.
+	Domains []string
 }
 
 // Report is what Check found in one file. It is a plain value.
@@ -240,6 +250,11 @@ func (c *checker) document(node *yaml.Node) {
 		c.manifest(t, doc)
 		return
 	}
+	if isAgentgateway(doc) {
+		c.report.Checked = append(c.report.Checked, "agentgateway configuration")
+		c.agentgateway(t, doc)
+		return
+	}
 	k, ok := detect(doc)
 	if !ok {
 		u := c.unit(t, "")
@@ -268,12 +283,15 @@ type unit struct {
 	// problem, and checks that need the merged result are left out.
 	partial bool
 
-	extProcs  []extProcAt
-	perRoutes []perRouteAt
-	hcms      []hcmAt
-	routeCfgs []routeCfgAt
-	policies  []policyAt
-	bootstrap *bootstrapv3.Bootstrap
+	extProcs    []extProcAt
+	perRoutes   []perRouteAt
+	rateLimits  []rateLimitAt
+	rlPerRoutes []rlPerRouteAt
+	domains     []domainAt
+	hcms        []hcmAt
+	routeCfgs   []routeCfgAt
+	policies    []policyAt
+	bootstrap   *bootstrapv3.Bootstrap
 }
 
 func (c *checker) unit(t *tree, prefix string) *unit { return &unit{c: c, t: t, prefix: prefix} }
@@ -523,7 +541,7 @@ func locate(raw any, md protoreflect.MessageDescriptor, path string) (string, st
 		if err != nil {
 			return joinPath(path, "@type"), fmt.Sprintf("unknown @type %q: not an Envoy type, or an "+
 				"extension tokengate does not ship (validate knows http_connection_manager, ext_proc, "+
-				"router, health_check, upstream http protocol options, TLS transport sockets, file and "+
+				"ratelimit, router, health_check, upstream http protocol options, TLS transport sockets, file and "+
 				"stdout access loggers)", url)
 		}
 		inner := make(map[string]any, len(m))
@@ -696,6 +714,10 @@ func (u *unit) walk(m protoreflect.Message, raw any, path string) {
 		u.extProcs = append(u.extProcs, extProcAt{path, x, rawMap})
 	case *extprocv3.ExtProcPerRoute:
 		u.perRoutes = append(u.perRoutes, perRouteAt{path, x})
+	case *rlfilterv3.RateLimit:
+		u.rateLimits = append(u.rateLimits, rateLimitAt{path, x, rawMap})
+	case *rlfilterv3.RateLimitPerRoute:
+		u.rlPerRoutes = append(u.rlPerRoutes, rlPerRouteAt{path, x})
 	case *hcmv3.HttpConnectionManager:
 		u.hcms = append(u.hcms, hcmAt{path, x})
 	case *routev3.RouteConfiguration:

@@ -39,6 +39,7 @@ type expectation struct {
 type fixture struct {
 	wants    []expectation
 	policies []string
+	domains  []string
 }
 
 var expectationRE = regexp.MustCompile(`^# (want|warn): (\S+) at (\d+):(\d+) (\S+): (.+)$`)
@@ -55,6 +56,12 @@ func readFixture(t *testing.T, data []byte) fixture {
 		if names, ok := strings.CutPrefix(line, "# policies:"); ok {
 			for _, n := range strings.Split(names, ",") {
 				out.policies = append(out.policies, strings.TrimSpace(n))
+			}
+			continue
+		}
+		if names, ok := strings.CutPrefix(line, "# domains:"); ok {
+			for _, n := range strings.Split(names, ",") {
+				out.domains = append(out.domains, strings.TrimSpace(n))
 			}
 			continue
 		}
@@ -107,8 +114,8 @@ func TestValidateInvalid(t *testing.T) {
 				t.Fatalf("fixture has no \"# want:\" or \"# warn:\" line")
 			}
 			var opts Options
-			if fx.policies != nil {
-				opts.Policies = []PolicySet{{File: "tokengate.yaml", Names: fx.policies}}
+			if fx.policies != nil || fx.domains != nil {
+				opts.Policies = []PolicySet{{File: "tokengate.yaml", Names: fx.policies, Domains: fx.domains}}
 			}
 			got := Check(file, data, opts).Problems
 			var want []finding

@@ -24,7 +24,7 @@ func configFixtures(t *testing.T) []string {
 	for _, pattern := range []string{
 		"../../config/testdata/valid/*.yaml", "../../config/testdata/invalid/*.yaml",
 		"../../config/default.yaml", "demo.yaml",
-		"../../examples/configs/*.yaml", "../../examples/compose/tokengate.yaml",
+		"../../examples/configs/*.yaml", "../../examples/compose/tokengate.yaml", "../../examples/rls/tokengate.yaml",
 	} {
 		m, err := filepath.Glob(pattern)
 		if err != nil {

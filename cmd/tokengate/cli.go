@@ -40,6 +40,8 @@ func init() {
 			func(ctx context.Context, args []string, s stdio) error {
 				return runValidate(ctx, args, s.out, s.errOut)
 			}},
+		{"import", "ratelimit [--merge-domains] FILE...", "print the tokengate configuration equal to envoyproxy/ratelimit's", importHelp,
+			func(ctx context.Context, args []string, s stdio) error { return runImport(ctx, args, s.out, s.errOut) }},
 		{"count", "[--config FILE] [--policy NAME] [flags] FILE|-",
 			"print what a request body reserves: input tokens, output allowance, total", countHelp,
 			func(ctx context.Context, args []string, s stdio) error {
@@ -181,8 +183,10 @@ const validateHelp = `
 Checks tokengate configuration files (strict: unknown keys, wrong types and
 invalid values are errors, all reported at once; what validate accepts, serve
 starts with) and Envoy configuration: bootstrap files, bare listener, route,
-cluster or filter snippets, and Kubernetes manifests that carry Envoy
-configuration (Istio EnvoyFilter, Envoy Gateway EnvoyExtensionPolicy). Files
+cluster or filter snippets, Kubernetes manifests that carry Envoy
+configuration (Istio EnvoyFilter, Envoy Gateway EnvoyExtensionPolicy and
+BackendTrafficPolicy, Envoy AI Gateway QuotaPolicy) and agentgateway
+configuration files (their remoteRateLimit policies). Files
 may hold several YAML documents. Given a tokengate configuration and Envoy
 files together, every policy the Envoy files name must exist in it.
 

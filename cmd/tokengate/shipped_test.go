@@ -91,6 +91,7 @@ var shippedConfigs = []shippedConfig{
 	{file: "examples/configs/provider-safety.yaml"},
 	{file: "examples/configs/multi-tenant.yaml", redis: "cluster",
 		rewrite: "store.redis.addrs → the test's Redis Cluster, which speaks plain TCP, so store.redis.tls is removed; the password is set on the test's Redis and passed in TOKENGATE_REDIS_PASSWORD"},
+	{file: "examples/rls/tokengate.yaml"},
 	{file: "examples/compose/tokengate.yaml", redis: "standalone",
 		rewrite: "store.redis.addrs → the test's Redis (the compose service name redis does not resolve here)"},
 }
@@ -559,6 +560,12 @@ var shippedEnvoyFiles = []shippedEnvoyFile{
 	{file: "examples/istio/envoyfilter.yaml", manifest: true},
 	{file: "examples/istio/tokengate-mesh.yaml", manifest: true},
 	{file: "examples/envoy-gateway/tokengate-policy.yaml", manifest: true},
+	// Validated only: they run once tokengate serves the rate-limit service.
+	{file: "examples/rls/envoy.yaml"},
+	{file: "examples/rls/istio-envoyfilter.yaml", manifest: true},
+	{file: "examples/rls/envoy-gateway.yaml", manifest: true},
+	{file: "examples/rls/ai-gateway-quota.yaml", manifest: true},
+	{file: "examples/rls/agentgateway.yaml"},
 }
 
 func TestShippedEnvoyFilesValidate(t *testing.T) {

@@ -64,6 +64,12 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 		for _, p := range cfg.Policies {
 			set.Names = append(set.Names, p.Name)
 		}
+		if cfg.RLS != nil {
+			set.Domains = []string{}
+			for _, d := range cfg.RLS.Domains {
+				set.Domains = append(set.Domains, d.Domain)
+			}
+		}
 		policies = append(policies, set)
 		fmt.Fprintf(stdout, "%s: valid tokengate configuration\n", path)
 	}

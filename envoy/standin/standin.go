@@ -1,5 +1,8 @@
-// Package standin plays Envoy's part in front of an ext_proc server, for tests and the demo.
-// Production traffic goes through Envoy; this package is a test and demo tool.
+// Package standin plays Envoy's part in front of an ext_proc server, or of a rate-limit
+// service, for tests and the demo. Production traffic goes through Envoy; this package is a
+// test and demo tool. [RateLimitProxy] is the global rate-limit filter
+// (envoy.filters.http.ratelimit) in front of an upstream, following docs/envoy-ratelimit.md;
+// the rest of this comment is about the ext_proc stand-in.
 //
 // A [Proxy] is an HTTP front (HTTP/1.1 and h2c) that, for every downstream request, opens an
 // ext_proc side stream (envoy.service.ext_proc.v3.ExternalProcessor/Process) over a real
