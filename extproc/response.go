@@ -45,7 +45,7 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	}
 	var set []*corev3.HeaderValueOption
 	if st, ok := mostLimiting(p.req.states); ok {
-		for _, kv := range limitHeaders(st) {
+		for _, kv := range limitHeaders(st, p.req.count.API, p.s.cfg.Now()) {
 			set = append(set, headerOption(kv[0], kv[1]))
 		}
 	}
