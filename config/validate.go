@@ -225,7 +225,7 @@ var metadataKeyRE = regexp.MustCompile(`^[a-z0-9_.-]+$`)
 // validate checks every field's value; it runs after defaults are applied.
 func (v *validator) validate(c *Config) {
 	v.validateListeners(&c.Listeners)
-	v.validateListenerTLS(&c.Listeners)
+	v.validateListenerTLS(c)
 	v.validateStore(&c.Store)
 	v.validateUsageBound(&c.UsageBound)
 	v.validateAdminAPI(&c.AdminAPI)
