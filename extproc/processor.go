@@ -149,10 +149,9 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) erro
 	}
 	if p.pol == nil {
 		p.req.decision = "bad_request"
+		p.req.path = headerMap(req.GetRequestHeaders().GetHeaders())[":path"] // the API whose shape answers
 		p.logAt(slog.LevelWarn, "route names an unknown policy")
-		return p.immediate(reply{status: 500, detail: errorDetail{
-			Code: "unknown_policy", Message: "the gateway route names an unknown rate-limit policy", Type: "server_error",
-		}, details: "tokengate_unknown_policy"}, send)
+		return p.immediate(noSuchPolicy(), send)
 	}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:

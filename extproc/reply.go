@@ -453,6 +453,12 @@ func duplicateIdentity(identity string) reply {
 	}, details: "tokengate_duplicate_identity"}
 }
 
+func noSuchPolicy() reply {
+	return reply{status: 500, detail: errorDetail{
+		Code: "unknown_policy", Message: "the gateway route names an unknown rate-limit policy", Type: "server_error",
+	}, details: "tokengate_unknown_policy"}
+}
+
 func unavailable() reply {
 	return reply{status: 503, detail: errorDetail{
 		Code:    "rate_limiter_unavailable",

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/genai"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/envoy/standin"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -224,9 +225,9 @@ var officialSDKs = []sdkAPI{openAISDK, anthropicSDK, geminiSDK}
 // names it: Anthropic's error types, Google's canonical status names.
 var (
 	anthropicKind = map[int]string{400: "invalid_request_error", 401: "authentication_error", 413: "request_too_large",
-		429: "rate_limit_error", 503: "api_error"}
+		429: "rate_limit_error", 500: "api_error", 503: "api_error"}
 	googleKind = map[int]string{400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 413: "INVALID_ARGUMENT",
-		429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+		429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
 )
 
 // refusalCase is one kind of refusal: how to provoke it and what every
@@ -328,6 +329,9 @@ func refusalCases() []refusalCase {
 		}, hdr: http.Header{"X-User": {"alice", "bob"}}, maxToken: 10, status: 400, retry: "false", code: "duplicate_identity", typ: "invalid_request_error"},
 		{name: "400 invalid max tokens", opts: func(t *testing.T) rigOptions { return realTokenizer(t, rigOptions{}) },
 			maxToken: 5000, status: 400, retry: "false", code: "invalid_max_tokens", typ: "invalid_request_error"},
+		{name: "500 unknown policy", opts: func(t *testing.T) rigOptions {
+			return realTokenizer(t, rigOptions{routes: []standin.Route{{Prefix: "/", InitialMetadata: map[string]string{"x-tokengate-policy": "nope"}}}})
+		}, maxToken: 10, status: 500, retry: "false", code: "unknown_policy", typ: "server_error"},
 		{name: "503 store unavailable", opts: func(t *testing.T) rigOptions { return realTokenizer(t, rigOptions{}) },
 			before:   func(t *testing.T, r *rig, _ sdkAPI) func() { r.store.fail.Store(true); return func() {} },
 			maxToken: 10, status: 503, retry: "true", code: "rate_limiter_unavailable", typ: "server_error"},
