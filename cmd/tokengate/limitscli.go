@@ -38,7 +38,8 @@ IDENTITY is the value requests carry (for the Authorization header, the
 API key with or without "Bearer "); tokengate hashes a hashed identity
 (hash: true) before storing it, and never stores or logs the raw value.
 Listings show hashed identities in their hashed form (h. and 32 hex
-digits); pass that form with --hashed.
+digits); pass that form with --hashed. IDENTITY travels in the
+X-Tokengate-Identity header, never in the URL, which proxies log.
 
 The admin API's bearer token is read from the environment variable named by
 --token-env.`
@@ -52,8 +53,9 @@ quota what its current window has spent and when the window ends, for a
 concurrency limit the requests in flight.
 
 IDENTITY is NAME=VALUE (team=acme), or the value alone when the policy has
-one identity. Rules keyed by an identity not given are left out; per-model
-rules need --model.`
+one identity; it travels in an X-Tokengate-Identity header, never in the
+URL. Rules keyed by an identity not given are left out; per-model rules
+need --model.`
 
 // adminFlags are the flags every admin API command takes.
 type adminFlags struct {
