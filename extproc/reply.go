@@ -35,10 +35,10 @@ var anthropicLimitHeaders = [3][3]string{
 	{"anthropic-ratelimit-output-tokens-limit", "anthropic-ratelimit-output-tokens-remaining", "anthropic-ratelimit-output-tokens-reset"},
 }
 
-// sdkRetryCeiling is the longest wait the official OpenAI and Anthropic
-// SDKs take from retry-after-ms or Retry-After. A longer one they ignore,
-// and retry on their own backoff within seconds: attempts that can only be
-// refused again.
+// sdkRetryCeiling bounds the waits the official OpenAI and Anthropic SDKs
+// take from retry-after-ms or Retry-After: one of a minute or more they
+// ignore, and retry on their own backoff within seconds, attempts that
+// can only be refused again (see sdkWaits).
 const sdkRetryCeiling = time.Minute
 
 // errorDetail is tokengate's account of an answer it gives itself: its
@@ -140,14 +140,30 @@ func (r reply) proto(api tokenizer.API, now time.Time, md *structpb.Struct) *ext
 func (r reply) headerList(api tokenizer.API, now time.Time) [][2]string {
 	hs := make([][2]string, 0, 16)
 	if r.wait > 0 {
-		hs = append(hs, [2]string{headerRetryAfter, retryAfter(r.wait)}, [2]string{headerRetryAfterMs, retryAfterMs(r.wait)})
+		hs = append(hs, retryHints(r.wait, r.retryable())...)
+	} else {
+		hs = append(hs, [2]string{headerShouldRetry, strconv.FormatBool(r.retryable())})
 	}
-	hs = append(hs, [2]string{headerShouldRetry, strconv.FormatBool(r.retryable())})
 	if r.limit != nil {
 		hs = append(hs, limitHeaders(*r.limit, api, now)...)
 	}
 	return append(hs, r.headers...)
 }
+
+// retryHints are the headers of a wait before a retry (S16, S18):
+// Retry-After, retry-after-ms, and x-should-retry saying retry.
+func retryHints(wait time.Duration, retry bool) [][2]string {
+	return [][2]string{
+		{headerRetryAfter, retryAfter(wait)},
+		{headerRetryAfterMs, strconv.FormatInt(waitMs(wait), 10)},
+		{headerShouldRetry, strconv.FormatBool(retry)},
+	}
+}
+
+// sdkWaits reports whether the OpenAI and Anthropic SDKs take a wait this
+// long from the retry headers; a longer one they ignore, and retry on
+// their own backoff.
+func sdkWaits(wait time.Duration) bool { return wait < sdkRetryCeiling }
 
 // retryable is what x-should-retry tells the OpenAI and Anthropic SDKs,
 // which obey it over their own rules: a retry soon helps after a 503 (the
@@ -160,7 +176,7 @@ func (r reply) retryable() bool {
 	case 503:
 		return true
 	case 429:
-		return r.wait < sdkRetryCeiling
+		return sdkWaits(r.wait)
 	}
 	return false
 }
@@ -236,9 +252,8 @@ func (r reply) googleDetails() []googleEntry {
 	}
 	out := []googleEntry{{Type: "type.googleapis.com/google.rpc.ErrorInfo", Reason: strings.ToUpper(d.Code), Domain: "tokengate", Metadata: md}}
 	if r.wait > 0 {
-		ms, _ := strconv.ParseInt(retryAfterMs(r.wait), 10, 64)
 		out = append(out, googleEntry{Type: "type.googleapis.com/google.rpc.RetryInfo",
-			RetryDelay: strconv.FormatFloat(float64(ms)/1000, 'f', -1, 64) + "s"})
+			RetryDelay: strconv.FormatFloat(float64(waitMs(r.wait))/1000, 'f', -1, 64) + "s"})
 	}
 	return out
 }
@@ -387,10 +402,11 @@ func retryAfter(d time.Duration) string {
 	return strconv.FormatInt(s, 10)
 }
 
-// retryAfterMs renders a wait in milliseconds, rounded up, at least 1: the
-// exact wait, which the OpenAI and Anthropic SDKs prefer to Retry-After.
-func retryAfterMs(d time.Duration) string {
-	return strconv.FormatInt(max(1, int64(math.Ceil(float64(d)/float64(time.Millisecond)))), 10)
+// waitMs is a wait in milliseconds, rounded up, at least 1: the exact wait
+// of retry-after-ms, which the OpenAI and Anthropic SDKs prefer to
+// Retry-After, and of Google's RetryInfo.
+func waitMs(d time.Duration) int64 {
+	return max(1, int64(math.Ceil(float64(d)/float64(time.Millisecond))))
 }
 
 // formatReset renders a duration in OpenAI's style: "250ms", "12s",

@@ -603,3 +603,43 @@ func TestRefusalShapeOfTheBodysAPI(t *testing.T) {
 		}
 	}
 }
+
+// A provider's own 429 passes on the longer of its wait and the provider
+// bucket's pause (S18) in every retry hint the SDKs read: retry-after-ms
+// too, which they prefer, and x-should-retry: false when the wait is past
+// what they wait, so a provider's short retry-after-ms cannot send them
+// back within the pause.
+func TestProviderRetryHintsAgree(t *testing.T) {
+	for _, tt := range []struct {
+		retryAfter, ms, should string
+		attempts               int32
+	}{
+		{"120", "120000", "false", 1},
+		{"2", "2000", "true", -1},
+	} {
+		u := &upstream{Status: 429, ContentType: "application/json",
+			Header: map[string]string{"retry-after": tt.retryAfter, "retry-after-ms": "500"},
+			Chunks: [][]byte{[]byte(`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`)}}
+		pol := Policy{Name: "p", Buckets: []BucketRule{{Name: "openai", Provider: true, Limit: buckets.Limit{Capacity: 1e6, Rate: 1e3}}}}
+		r := newRig(t, u, rigOptions{policies: []Policy{pol}})
+		if tt.attempts < 0 {
+			resp, _ := r.post(t, chatPath, `{"model":"m","max_tokens":10,"messages":[]}`, nil)
+			if got := resp.Header.Get(headerRetryAfter) + " " + resp.Header.Get(headerRetryAfterMs) + " " + resp.Header.Get(headerShouldRetry); got != tt.retryAfter+" "+tt.ms+" "+tt.should {
+				t.Errorf("Retry-After, retry-after-ms, x-should-retry: %q, want %s %s %s", got, tt.retryAfter, tt.ms, tt.should)
+			}
+			continue
+		}
+		tr := newSDKTransport(r)
+		err := openAISDK.call(t, r, tr.client(), nil, 10, 2)
+		if got := openAISDK.read(t, err); got.status != 429 || got.message != "Rate limit reached" {
+			t.Fatalf("the SDK read %d %q, want the provider's 429", got.status, got.message)
+		}
+		h := tr.header()
+		if got := h.Get(headerRetryAfter) + " " + h.Get(headerRetryAfterMs) + " " + h.Get(headerShouldRetry); got != tt.retryAfter+" "+tt.ms+" "+tt.should {
+			t.Errorf("Retry-After, retry-after-ms, x-should-retry: %q, want %s %s %s", got, tt.retryAfter, tt.ms, tt.should)
+		}
+		if n := tr.attempts.Load(); n != tt.attempts {
+			t.Errorf("the SDK made %d attempts, want %d", n, tt.attempts)
+		}
+	}
+}
