@@ -130,10 +130,12 @@ type Listeners struct {
 	// is awaited; a stream past it is forwarded unread and charged its
 	// reservation. Default 4 MiB.
 	MaxEventBytes int `yaml:"max_event_bytes"`
-	// Insecure allows the ext_proc listener on a non-loopback address without
-	// client certificates, for a mesh whose sidecar provides mTLS. Without
-	// it such a listener is refused: anyone who reaches the port could send
-	// any identity and drain any bucket.
+	// Insecure allows, for a mesh whose sidecar provides mTLS, the ext_proc
+	// listener on a non-loopback address without client certificates, and
+	// the admin API on a non-loopback address without admin_tls. Without it
+	// such listeners are refused: anyone who reaches the ext_proc port could
+	// send any identity and drain any bucket, and the admin API's token
+	// and identity values would travel in clear.
 	Insecure bool `yaml:"insecure"`
 }
 
@@ -554,7 +556,8 @@ func (c *Config) applyDefaults() {
 
 // WithListeners returns a copy of c whose listener addresses are replaced
 // by grpc and admin where those are not empty (serve's --grpc and --admin
-// flags), checked by the rules the file's listeners follow.
+// flags), checked by the rules the file's listeners follow: their form,
+// and who may reach them (validateExposure).
 func (c *Config) WithListeners(grpc, admin string) (*Config, error) {
 	n := *c
 	if grpc != "" {
@@ -565,6 +568,7 @@ func (c *Config) WithListeners(grpc, admin string) (*Config, error) {
 	}
 	v := &validator{file: "flags", lines: map[string]int{}}
 	v.validateListeners(&n.Listeners)
+	v.validateExposure(&n)
 	if len(v.problems) > 0 {
 		return nil, v.problems
 	}

@@ -229,7 +229,7 @@ var metadataKeyRE = regexp.MustCompile(`^[a-z0-9_.-]+$`)
 func (v *validator) validate(c *Config) {
 	v.rlsGiven = rlsIdentities(c.RLS)
 	v.validateListeners(&c.Listeners)
-	v.validateListenerTLS(&c.Listeners)
+	v.validateListenerTLS(c)
 	v.validateStore(&c.Store)
 	v.validateUsageBound(&c.UsageBound)
 	if n := *c.Metrics.MaxModels; n < 0 || n > MaxMaxModels {

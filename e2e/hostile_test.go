@@ -122,8 +122,11 @@ func TestHostileInput(t *testing.T) {
 		name: "absurd max_tokens", body: chatBody(`,"max_tokens":1000000000000000`),
 		wantStatus: 400, wantCode: "invalid_max_tokens", wantDecision: "bad_request",
 	}, {
+		// A cap tokengate can meter is the provider's to refuse: the
+		// request is forwarded and the provider's own 400 reaches the client.
 		name: "negative max_tokens", body: chatBody(`,"max_tokens":-5`),
-		wantStatus: 400, wantCode: "invalid_max_tokens", wantDecision: "bad_request",
+		mode: mockStatus, header: map[string]string{"x-mock-status": "400"}, replay: "openai/error-400-bad-request",
+		wantStatus: 400, wantCode: "unsupported_parameter", wantDecision: "admitted", wantSettle: "upstream_error", charge: chargeZero,
 	}, {
 		name: "max_tokens of the wrong type", body: chatBody(`,"max_tokens":"lots"`),
 		wantStatus: 400, wantCode: "invalid_max_tokens", wantDecision: "bad_request",

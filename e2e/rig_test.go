@@ -440,7 +440,8 @@ type exchange struct {
 	err    error // transport error, or error reading the body
 }
 
-// errorBody is the JSON error every refusal carries (S16, S23).
+// errorBody is the JSON error every refusal carries (S16, S23), as
+// OpenAI's shape has it: tokengate's code and type, and the message.
 type errorBody struct {
 	Error struct {
 		Code    string `json:"code"`
@@ -449,10 +450,44 @@ type errorBody struct {
 	} `json:"error"`
 }
 
+// jsonError reads a refusal in any API's shape into OpenAI's: Anthropic's
+// carries tokengate's code and type beside it, Google's in an ErrorInfo.
 func (x exchange) jsonError() (errorBody, error) {
 	var e errorBody
-	if err := json.Unmarshal(x.body, &e); err != nil {
+	var raw struct {
+		Type  string `json:"type"`
+		Error struct {
+			Message string          `json:"message"`
+			Status  string          `json:"status"`
+			Code    json.RawMessage `json:"code"`
+			Type    string          `json:"type"`
+			Details []struct {
+				Type     string            `json:"@type"`
+				Reason   string            `json:"reason"`
+				Metadata map[string]string `json:"metadata"`
+			} `json:"details"`
+		} `json:"error"`
+		Tokengate struct {
+			Code string `json:"code"`
+			Type string `json:"type"`
+		} `json:"tokengate"`
+	}
+	if err := json.Unmarshal(x.body, &raw); err != nil {
 		return e, fmt.Errorf("body %q is not a JSON error: %w", trim(x.body), err)
+	}
+	e.Error.Message = raw.Error.Message
+	switch {
+	case raw.Type == "error": // Anthropic's
+		e.Error.Code, e.Error.Type = raw.Tokengate.Code, raw.Tokengate.Type
+	case raw.Error.Status != "": // Google's
+		for _, d := range raw.Error.Details {
+			if d.Type == "type.googleapis.com/google.rpc.ErrorInfo" {
+				e.Error.Code, e.Error.Type = strings.ToLower(d.Reason), d.Metadata["type"]
+			}
+		}
+	default:
+		_ = json.Unmarshal(raw.Error.Code, &e.Error.Code) // a provider's error may have no code
+		e.Error.Type = raw.Error.Type
 	}
 	if e.Error.Code == "" || e.Error.Message == "" {
 		return e, fmt.Errorf("JSON error %q lacks code or message", trim(x.body))

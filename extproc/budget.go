@@ -180,7 +180,8 @@ func budgetRefusal(d buckets.Decision, st buckets.QuotaState, amount float64, cu
 				st.Name, formatBudget(st.Unit, max(0, math.Floor(st.Remaining)), currency), need, formatReset(d.Wait)),
 			Type: "budget", Quota: st.Name,
 		},
-		headers: append([][2]string{{headerRetryAfter, retryAfter(d.Wait)}}, budgetHeaders(st, currency)...),
+		wait:    waitOf(d),
+		headers: budgetHeaders(st, currency),
 		details: "tokengate_budget_exceeded",
 	}
 }

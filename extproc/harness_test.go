@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -44,10 +45,10 @@ var _ tokenCounter = (*fakeCounter)(nil)
 
 func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 	var body struct {
-		Model         string `json:"model"`
-		Stream        bool   `json:"stream"`
-		MaxTokens     *int   `json:"max_tokens"`
-		N             int    `json:"n"`
+		Model         string   `json:"model"`
+		Stream        bool     `json:"stream"`
+		MaxTokens     *float64 `json:"max_tokens"`
+		N             int      `json:"n"`
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
@@ -71,10 +72,13 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 	}
 	c.OutputAllowance, c.AllowanceSource = f.allowance, tokenizer.FromDefault
 	if body.MaxTokens != nil {
-		if *body.MaxTokens < 0 {
-			return tokenizer.Count{}, fmt.Errorf("%w: %d", tokenizer.ErrInvalidCap, *body.MaxTokens)
+		// As the tokenizer meters caps: up to its default bound, rounded
+		// up, never below 0.
+		if *body.MaxTokens > 1<<20 {
+			return tokenizer.Count{API: c.API}, fmt.Errorf("%w: %v", tokenizer.ErrInvalidCap, *body.MaxTokens)
 		}
-		c.OutputCap, c.OutputAllowance, c.AllowanceSource = *body.MaxTokens, *body.MaxTokens, tokenizer.FromRequest
+		n := int(math.Ceil(max(*body.MaxTokens, 0)))
+		c.OutputCap, c.OutputAllowance, c.AllowanceSource = n, n, tokenizer.FromRequest
 		c.CapFields = []string{"max_tokens"}
 	}
 	c.ChoiceAllowance = c.OutputAllowance

@@ -118,7 +118,7 @@ func lookupIdentity(id Identity, hm *corev3.HeaderMap, headers map[string]string
 	} else {
 		v = metadataString(md[id.Metadata], id.Path)
 	}
-	v, bearer := credential(v)
+	v, bearer := Credential(v)
 	if v == "" {
 		return "", false, nil
 	}
@@ -131,9 +131,11 @@ func lookupIdentity(id Identity, hm *corev3.HeaderMap, headers map[string]string
 	return v, true, nil
 }
 
-// credential is an identity value as it is metered: without surrounding
-// space and without a bearer scheme, which bearer reports.
-func credential(v string) (value string, bearer bool) {
+// Credential is a header value as tokengate reads a credential: without
+// surrounding space and without a bearer scheme, whose name is
+// case-insensitive (RFC 7235), which bearer reports. Identities are metered
+// in this form; the admin API reads its token so.
+func Credential(v string) (value string, bearer bool) {
 	v = strings.TrimSpace(v)
 	if strings.HasPrefix(strings.ToLower(v), "bearer ") {
 		return strings.TrimSpace(v[len("bearer "):]), true
@@ -147,7 +149,7 @@ func credential(v string) (value string, bearer bool) {
 // (S9a) so that raw API keys never reach the store, and escaped (or hashed
 // when long). It is "" for a blank value.
 func IdentityKey(value string, hash bool) string {
-	v, _ := credential(value)
+	v, _ := Credential(value)
 	if v == "" {
 		return ""
 	}

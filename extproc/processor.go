@@ -151,10 +151,9 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest, send sendFunc) erro
 	}
 	if p.pol == nil {
 		p.req.decision = "bad_request"
+		p.req.path = headerMap(req.GetRequestHeaders().GetHeaders())[":path"] // the API whose shape answers
 		p.logAt(slog.LevelWarn, "route names an unknown policy")
-		return p.immediate(reply{status: 500, detail: errorDetail{
-			Code: "unknown_policy", Message: "the gateway route names an unknown rate-limit policy", Type: "server_error",
-		}, details: "tokengate_unknown_policy"}, send)
+		return p.immediate(noSuchPolicy(), send)
 	}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
@@ -272,6 +271,7 @@ func (p *processor) requestBody(b *extprocv3.HttpBody, send sendFunc) error {
 func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	c, err := p.count()
 	if err != nil {
+		p.req.count.API = c.API // whose error shape answers (see api)
 		flat, pass := p.uncounted(err)
 		switch {
 		case pass:
@@ -453,7 +453,7 @@ func (p *processor) refuseUncountable(err error, send sendFunc) error {
 	case errors.Is(err, tokenizer.ErrUnknownModel):
 		code, msg = "unknown_model", "the request names a model tokengate cannot count, and no fallback encoding is configured"
 	case errors.Is(err, tokenizer.ErrInvalidCap):
-		code, msg = "invalid_max_tokens", "an output token cap is not a whole number within the allowed range"
+		code, msg = "invalid_max_tokens", "an output token cap is not a number, or is larger than tokengate admits"
 	}
 	p.logAt(slog.LevelInfo, "request refused: cannot count it", "code", code)
 	p.logAt(slog.LevelDebug, "request refused: cannot count it", "code", code, "err", err)
@@ -508,7 +508,7 @@ func (p *processor) modelKey() string { return p.req.count.ModelKey }
 func (p *processor) immediate(r reply, send sendFunc) error {
 	p.done = true
 	p.req.reply = r.status
-	return send(r.proto(p.metadata(false)))
+	return send(r.proto(p.api(), p.s.cfg.Now(), p.metadata(false)))
 }
 
 // metadata is the dynamic metadata of the running counts (S24).

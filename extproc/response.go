@@ -47,7 +47,7 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 	}
 	var set []*corev3.HeaderValueOption
 	if st, ok := mostLimiting(p.req.states); ok {
-		for _, kv := range limitHeaders(st) {
+		for _, kv := range limitHeaders(st, p.req.count.API, p.s.cfg.Now()) {
 			set = append(set, headerOption(kv[0], kv[1]))
 		}
 	}
@@ -57,8 +57,10 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 		}
 	}
 	if status == 429 && p.st.res != nil {
-		if ra := p.providerPause(hdr[headerRetryAfter]); ra != "" {
-			set = append(set, headerOption(headerRetryAfter, ra))
+		if wait := p.providerPause(hdr[headerRetryAfter]); wait > 0 {
+			for _, kv := range retryHints(wait, sdkWaits(wait)) {
+				set = append(set, headerOption(kv[0], kv[1]))
+			}
 		}
 	}
 	resp := &extprocv3.ProcessingResponse{
@@ -82,9 +84,9 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 }
 
 // providerPause pauses the provider buckets after an upstream 429 with
-// Retry-After (S18) and returns the Retry-After to send: the longer of the
-// provider's wait and a pause already known here.
-func (p *processor) providerPause(retryAfterHeader string) string {
+// Retry-After (S18) and returns the wait to pass on: the longer of the
+// provider's wait and a pause already known here; 0 for none.
+func (p *processor) providerPause(retryAfterHeader string) time.Duration {
 	secs, err := strconv.ParseFloat(strings.TrimSpace(retryAfterHeader), 64)
 	if err != nil || secs <= 0 {
 		if t, err := http.ParseTime(retryAfterHeader); err == nil {
@@ -101,7 +103,7 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 		}
 	}
 	if len(keys) == 0 {
-		return ""
+		return 0
 	}
 	until := p.s.pausedUntil(keys, now)
 	if secs > 0 {
@@ -126,9 +128,9 @@ func (p *processor) providerPause(retryAfterHeader string) string {
 		}
 	}
 	if until.IsZero() {
-		return ""
+		return 0
 	}
-	return retryAfter(until.Sub(now))
+	return max(until.Sub(now), time.Millisecond)
 }
 
 func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {

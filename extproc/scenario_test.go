@@ -170,7 +170,7 @@ func TestBadInput400(t *testing.T) {
 	for _, tc := range []struct{ path, body, code string }{
 		{chatPath, `{"model":`, "malformed_json"},
 		{"/v1/unknown", `{"model":"m"}`, "unknown_api"},
-		{chatPath, `{"model":"m","max_tokens":-5}`, "invalid_max_tokens"},
+		{chatPath, `{"model":"m","max_tokens":1e9}`, "invalid_max_tokens"},
 	} {
 		resp, got := r.post(t, tc.path, tc.body, nil)
 		var e errorBody

@@ -81,7 +81,9 @@ type Count struct {
 	// (Anthropic, Gemini): InputTokens is then a conservative estimate.
 	Exact       bool
 	InputTokens int
-	// OutputCap is the largest per-choice cap in the body, 0 when none.
+	// OutputCap is the largest per-choice cap in the body, rounded up; 0
+	// when none, or when every cap is zero or below (which the provider
+	// answers: see Counter.Count).
 	OutputCap int
 	// OutputAllowance is what the whole request may generate:
 	// ChoiceAllowance × Choices.
@@ -97,7 +99,7 @@ type Count struct {
 	// Embedding is true for requests that generate no output (OpenAI
 	// embeddings, Gemini embedContent and batchEmbedContents).
 	Embedding bool
-	// CapFields lists the output-cap fields the body sets (not null), as
+	// CapFields lists the output-cap fields the body sets to a number, as
 	// dotted paths in the body's own spelling ("max_tokens",
 	// "generationConfig.maxOutputTokens", "generation_config.max_output_tokens").
 	CapFields []string

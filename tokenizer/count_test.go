@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -216,13 +217,13 @@ func TestCountErrors(t *testing.T) {
 		{"unknown shape", `{"model":"gpt-4o","foo":1}`, ErrUnknownAPI, ""},
 		{"unknown model", `{"model":"llama-3","messages":[]}`, ErrUnknownModel, "the model named by model at byte 9"},
 		{"no model at all", `{"messages":[]}`, ErrUnknownModel, "names no model"},
-		{"negative cap", `{"model":"gpt-4o","messages":[],"max_tokens":-1}`, ErrInvalidCap, "max_tokens: want a whole number from 1 to 100000, got a number below 1 at byte 45"},
-		{"zero cap", `{"model":"gpt-4o","messages":[],"max_completion_tokens":0}`, ErrInvalidCap, "max_completion_tokens: want a whole number from 1 to 100000, got a number below 1"},
-		{"fractional cap", `{"model":"gpt-4o","messages":[],"max_tokens":1.5}`, ErrInvalidCap, "whole number"},
-		{"string cap", `{"model":"gpt-4o","messages":[],"max_tokens":"10"}`, ErrInvalidCap, "whole number"},
+		{"string cap", `{"model":"gpt-4o","messages":[],"max_tokens":"10"}`, ErrInvalidCap, "max_tokens: want a number no larger than 100000, got a string at byte 45"},
+		{"boolean cap", `{"model":"gpt-4o","messages":[],"max_tokens":true}`, ErrInvalidCap, "got a boolean"},
 		{"absurd cap", `{"model":"gpt-4o","messages":[],"max_tokens":100001}`, ErrInvalidCap, "got a number above 100000"},
-		{"huge cap", `{"model":"gpt-4o","messages":[],"max_tokens":99999999999999999999}`, ErrInvalidCap, ""},
-		{"absurd gemini cap", `{"contents":[],"generationConfig":{"maxOutputTokens":-3}}`, ErrInvalidCap, "generationConfig.maxOutputTokens"},
+		{"huge cap", `{"model":"gpt-4o","messages":[],"max_tokens":99999999999999999999}`, ErrInvalidCap, "above"},
+		{"infinite cap", `{"model":"gpt-4o","messages":[],"max_tokens":1e400}`, ErrInvalidCap, "above"},
+		{"absurd gemini cap", `{"contents":[],"generationConfig":{"maxOutputTokens":1e9}}`, ErrInvalidCap, "generationConfig.maxOutputTokens"},
+		{"small decoy beside an absurd cap", `{"model":"gpt-4o","messages":[],"max_tokens":1,"max_completion_tokens":100001}`, ErrInvalidCap, "max_completion_tokens"},
 		{"bad n", `{"model":"gpt-4o","messages":[],"n":0}`, ErrMalformed, "n: want a whole number from 1 to 128, got a number below 1 at byte 36"},
 	}
 	for _, tt := range tests {
@@ -300,5 +301,45 @@ func TestUnknownEncodingAndAPI(t *testing.T) {
 	want, _ := c.CountText(O200kBase, "Hello, world")
 	if got := s.Tokens(); got != want {
 		t.Errorf("NewStream(\"\").Tokens() = %d, want %d", got, want)
+	}
+}
+
+// Provider validation stays the provider's: a cap the provider refuses but
+// tokengate can still meter (zero, negative, a fraction, an exponent) is
+// counted at its value rounded up, never below zero, so the request is
+// reserved for its prompt and little or no output and forwarded for the
+// provider to answer. The largest cap still counts (S7), and what cannot
+// be metered is still refused (see TestCountErrors).
+func TestProviderValidationStaysTheProviders(t *testing.T) {
+	c, err := New(Options{MaxOutputTokens: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, path, body string
+		allowance        int
+		fields           []string
+	}{
+		{"zero", "", `{"model":"gpt-4o","messages":[],"max_tokens":0}`, 0, []string{"max_tokens"}},
+		{"zero completion tokens", "", `{"model":"gpt-4o","messages":[],"max_completion_tokens":0}`, 0, []string{"max_completion_tokens"}},
+		{"negative", "", `{"model":"gpt-4o","messages":[],"max_tokens":-12345}`, 0, []string{"max_tokens"}},
+		{"minus infinity", "", `{"model":"gpt-4o","messages":[],"max_tokens":-1e400}`, 0, []string{"max_tokens"}},
+		{"a fraction", "", `{"model":"gpt-4o","messages":[],"max_tokens":12.5}`, 13, []string{"max_tokens"}},
+		{"an exponent", "", `{"model":"gpt-4o","messages":[],"max_tokens":1e3}`, 1000, []string{"max_tokens"}},
+		{"a negative decoy beside a large cap", "", `{"model":"gpt-4o","messages":[],"max_tokens":-1,"max_completion_tokens":700}`, 700, []string{"max_tokens", "max_completion_tokens"}},
+		{"legacy completions: zero, not the default 16", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"x","max_tokens":0}`, 0, []string{"max_tokens"}},
+		{"anthropic", "/v1/messages", `{"model":"claude-sonnet-4-5","messages":[],"max_tokens":0}`, 0, []string{"max_tokens"}},
+		{"gemini", "/v1beta/models/gemini-2.0-flash:generateContent", `{"contents":[],"generationConfig":{"maxOutputTokens":-3}}`, 0, []string{"generationConfig.maxOutputTokens"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := c.Count(Request{Path: tt.path, Body: []byte(tt.body)})
+			if err != nil {
+				t.Fatalf("Count: %v, want the request metered and forwarded", err)
+			}
+			if got.OutputAllowance != tt.allowance || got.AllowanceSource != FromRequest || !slices.Equal(got.CapFields, tt.fields) {
+				t.Errorf("allowance %d from %s, cap fields %q; want %d from the request, %q",
+					got.OutputAllowance, got.AllowanceSource, got.CapFields, tt.allowance, tt.fields)
+			}
+		})
 	}
 }

@@ -238,13 +238,20 @@ func apiFromBody(b *body) (api API, embed bool, err error) {
 // the body's top-level fields. Callers that meter by endpoint call
 // Classify first and Count only metered requests.
 //
+// An output cap that is a number is metered as it is, rounded up and never
+// below 0, even one the provider refuses (0, -1, 1.5): the request is
+// forwarded for the provider to answer in its own words. A cap above
+// Options.MaxOutputTokens, which no reservation covers, or one that is no
+// number is refused with ErrInvalidCap.
+//
 // Errors wrap ErrMalformed, ErrUnknownAPI, ErrUnknownModel, ErrInvalidCap
 // or ErrFreeEndpoint; their text names fields and byte offsets, never body
-// content.
+// content. With an error, the Count names only the API, when the path or
+// the body told it.
 func (c *Counter) Count(req Request) (Count, error) { return c.count(req, nil) }
 
 // count is Count, with the string values pre counted (see Precount).
-func (c *Counter) count(req Request, pre *Precount) (Count, error) {
+func (c *Counter) count(req Request, pre *Precount) (res Count, err error) {
 	b, err := parseBody(req.Body)
 	if err != nil {
 		return Count{}, err
@@ -273,6 +280,11 @@ func (c *Counter) count(req Request, pre *Precount) (Count, error) {
 	} else if api == Gemini && !embed && !b.Contents.present() {
 		embed = b.Requests.present() || b.Content.present()
 	}
+	defer func() {
+		if err != nil {
+			res = Count{API: api} // the API is known: its error shape answers the client
+		}
+	}()
 
 	model, modelSource := req.Model, "Request.Model"
 	pathModel := modelFromPath(req.Path)
@@ -384,17 +396,17 @@ func (c *Counter) count(req Request, pre *Precount) (Count, error) {
 	}
 	out.HiddenReasoning = hiddenReasoning(api, t.model, b)
 	for _, cf := range caps {
-		n, err := c.parseCap(cf.v, cf.name)
+		n, set, err := c.parseCap(cf.v, cf.name)
 		if err != nil {
 			return Count{}, err
 		}
-		if n > 0 {
+		if set {
 			out.CapFields = append(out.CapFields, cf.name)
 			out.OutputCap = max(out.OutputCap, n)
 		}
 	}
 	switch {
-	case out.OutputCap > 0:
+	case len(out.CapFields) > 0:
 		out.ChoiceAllowance, out.AllowanceSource = out.OutputCap, FromRequest
 	case api == Completions:
 		// The legacy completions endpoint defaults max_tokens to 16.
@@ -538,17 +550,26 @@ func satMul(a, b int) int {
 	return a * b
 }
 
-// parseCap reads one output cap: absent or null is 0, anything else must
-// be a whole number in [1, MaxOutputTokens].
-func (c *Counter) parseCap(v jval, name string) (int, error) {
+// parseCap reads one output cap. Absent or null, it is not set. A number
+// is the cap, rounded up, and 0 when it is zero or below: a cap the
+// provider refuses itself (0, -5, 12.5) is still metered, for the provider
+// to answer as it does (its answer, not tokengate's). Only what cannot be
+// metered is refused: a number above MaxOutputTokens, which no reservation
+// can cover, and a value that is no number, which tokengate cannot read as
+// the provider would.
+func (c *Counter) parseCap(v jval, name string) (n int, set bool, err error) {
 	if !v.present() {
-		return 0, nil
+		return 0, false, nil
 	}
-	n, fault := wholeNumber(v, 1, c.opts.MaxOutputTokens)
-	if fault != "" {
-		return 0, fmt.Errorf("%w: %s: want a whole number from 1 to %d, got %s at byte %d", ErrInvalidCap, name, c.opts.MaxOutputTokens, fault, v.off)
+	fault := v.kindName()
+	if v.kind() == '0' {
+		f, _ := strconv.ParseFloat(string(v.text()), 64) // ±Inf beyond float64's range
+		if f <= float64(c.opts.MaxOutputTokens) {
+			return int(math.Ceil(max(f, 0))), true, nil
+		}
+		fault = fmt.Sprintf("a number above %d", c.opts.MaxOutputTokens)
 	}
-	return n, nil
+	return 0, false, fmt.Errorf("%w: %s: want a number no larger than %d, got %s at byte %d", ErrInvalidCap, name, c.opts.MaxOutputTokens, fault, v.off)
 }
 
 // choices reads a choice count (n, best_of, candidateCount): absent or

@@ -58,7 +58,7 @@ func withCaseVariants(body string, sel uint16) string {
 type reference struct {
 	model                string
 	stream, includeUsage bool
-	caps                 map[string]int // valid caps by dotted path
+	caps                 map[string]int // metered caps by dotted path
 	badCap               bool
 	choices, floor       int
 	embedding            bool
@@ -90,8 +90,11 @@ func referenceRead(t *testing.T, api API, body []byte, maxCap int) (reference, b
 		if !ok || v == nil {
 			return
 		}
-		if n, ok := whole(v, 1, int64(maxCap)); ok {
-			r.caps[path+key] = n
+		// Any number up to maxCap is metered, rounded up, never below 0.
+		n, ok := v.(json.Number)
+		f, err := strconv.ParseFloat(string(n), 64)
+		if ok && (err == nil || math.IsInf(f, -1)) && f <= float64(maxCap) {
+			r.caps[path+key] = int(math.Ceil(max(f, 0)))
 		} else {
 			r.badCap = true
 		}

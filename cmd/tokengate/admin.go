@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -9,13 +10,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/redisstore"
@@ -32,7 +33,8 @@ type liveState struct {
 	raw       buckets.Store // the bucket store itself, unwrapped: it keeps the overrides
 	overrides overrideStore
 	live      *liveLimits
-	// token is the admin API's bearer token; nil disables the API.
+	// token is the SHA-256 digest of the admin API's bearer token; nil
+	// disables the API.
 	token    []byte
 	tokenEnv string
 }
@@ -54,25 +56,31 @@ func (p *parts) buildLimits(ctx context.Context, cfg *config.Config, logger *slo
 		logger.Warn("limit overrides not read from the store at start-up; they apply once it answers", "err", err)
 	}
 	if env := cfg.AdminAPI.TokenEnv; env != "" {
-		tok := os.Getenv(env)
-		if strings.TrimSpace(tok) == "" {
-			return fmt.Errorf("admin_api.token_env: environment variable %s is not set or empty (the admin API's bearer token)", env)
+		tok, err := readAdminToken(env)
+		if err != nil {
+			return err
 		}
-		p.token, p.tokenEnv = []byte(tok), env
-		if host, _, err := net.SplitHostPort(cfg.Listeners.Admin); err == nil && !isLoopbackHost(host) && cfg.Listeners.AdminTLS == nil {
-			logger.Warn("the admin API is on a non-loopback address without TLS: its bearer token and identity values travel in clear; set listeners.admin_tls",
-				"admin", cfg.Listeners.Admin)
-		}
+		p.token, p.tokenEnv = tok, env
 	}
 	return nil
 }
 
-func isLoopbackHost(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
+// readAdminToken reads the admin API's token from the environment variable
+// env, as a digest: without surrounding whitespace (a token read from a
+// secret file keeps its trailing newline), and refused when it is empty or
+// has whitespace inside, which no Authorization header can carry as one
+// credential. Only the digest is kept; requests' tokens are compared by
+// their digests, in constant time whatever their length.
+func readAdminToken(env string) ([]byte, error) {
+	tok := strings.TrimSpace(os.Getenv(env))
+	switch {
+	case tok == "":
+		return nil, fmt.Errorf("admin_api.token_env: environment variable %s is not set or empty (the admin API's bearer token)", env)
+	case strings.ContainsFunc(tok, unicode.IsSpace):
+		return nil, fmt.Errorf("admin_api.token_env: the token in %s has whitespace inside; a bearer token is one word", env)
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	d := sha256.Sum256([]byte(tok))
+	return d[:], nil
 }
 
 // apply makes cfg the configuration in force: its policies for new
@@ -92,13 +100,19 @@ func (p *parts) apply(cfg *config.Config) error {
 // maxAdminBody bounds a request body of the admin API.
 const maxAdminBody = 16 << 10
 
+// identityHeader carries identity values to the admin API, which would
+// otherwise travel in URLs, where the access logs of proxies keep them.
+const identityHeader = "X-Tokengate-Identity"
+
 // adminAPI registers the admin API on mux: /v1/limits (overrides) and
-// /v1/usage, behind the bearer token.
+// /v1/usage, behind the bearer token. An override's identity is in the
+// path or in the identity header.
 func (p *parts) adminAPI(mux *http.ServeMux) {
-	const one = "/v1/limits/{policy}/{rule}/{identity...}"
-	mux.HandleFunc("PUT "+one, p.authorized(p.putLimit))
-	mux.HandleFunc("GET "+one, p.authorized(p.getLimit))
-	mux.HandleFunc("DELETE "+one, p.authorized(p.deleteLimit))
+	for _, one := range []string{"/v1/limits/{policy}/{rule}/{identity...}", "/v1/limits/{policy}/{rule}"} {
+		mux.HandleFunc("PUT "+one, p.authorized(p.putLimit))
+		mux.HandleFunc("GET "+one, p.authorized(p.getLimit))
+		mux.HandleFunc("DELETE "+one, p.authorized(p.deleteLimit))
+	}
 	mux.HandleFunc("GET /v1/limits", p.authorized(p.listLimits))
 	mux.HandleFunc("GET /v1/limits/{policy}", p.authorized(p.listLimits))
 	mux.HandleFunc("GET /v1/usage", p.authorized(p.usage))
@@ -141,8 +155,9 @@ func (p *parts) authorized(h http.HandlerFunc) http.HandlerFunc {
 				"the admin API is disabled: set admin_api.token_env in the configuration to the name of an environment variable holding its bearer token")
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), p.token) != 1 {
+		got, bearer := extproc.Credential(r.Header.Get("authorization"))
+		d := sha256.Sum256([]byte(got))
+		if !bearer || subtle.ConstantTimeCompare(d[:], p.token) != 1 {
 			w.Header().Set("www-authenticate", `Bearer realm="tokengate admin"`)
 			fail(w, http.StatusUnauthorized, "unauthorized", "this needs the admin API's bearer token (Authorization: Bearer <token>, the value of %s)", p.tokenEnv)
 			return
@@ -158,12 +173,24 @@ type limitTarget struct {
 	cfg *config.Config
 }
 
-// target reads the override named by r's path. The identity is the value
-// requests carry, or with ?hashed=true the hashed form (h. and 32 hex
-// digits) that listings show. It answers the error itself when it fails.
+// target reads the override named by r's path, and its identity from the
+// path or from the identity header (one of the two). The identity is the
+// value requests carry, or with ?hashed=true the hashed form (h. and 32
+// hex digits) that listings show. It answers the error itself when it
+// fails.
 func (p *parts) target(w http.ResponseWriter, r *http.Request) (limitTarget, bool) {
 	cfg := p.cfg.Load()
 	policy, rule, raw := r.PathValue("policy"), r.PathValue("rule"), r.PathValue("identity")
+	switch hs := r.Header.Values(identityHeader); {
+	case len(hs) > 1 || len(hs) == 1 && raw != "":
+		fail(w, http.StatusBadRequest, "invalid_identity", "name the identity once: in the path or in one %s header", identityHeader)
+		return limitTarget{}, false
+	case len(hs) == 1:
+		raw = hs[0]
+	case raw == "":
+		fail(w, http.StatusBadRequest, "invalid_identity", "name the identity in the %s header (or in the path)", identityHeader)
+		return limitTarget{}, false
+	}
 	t, err := cfg.OverrideTarget(policy, rule)
 	switch {
 	case errors.Is(err, config.ErrUnknownTarget):
@@ -383,8 +410,9 @@ type usageRule struct {
 	ResetSeconds *float64   `json:"reset_seconds,omitempty"`
 }
 
-// usage answers GET /v1/usage?policy=P&identity=NAME=VALUE...: per rule of
-// the chain those requests pass, its limit in force, what remains, what a
+// usage answers GET /v1/usage?policy=P&identity=NAME=VALUE... (each
+// identity also in an identity header): per rule of the chain those
+// requests pass, its limit in force, what remains, what a
 // quota's window has spent and when it resets.
 func (p *parts) usage(w http.ResponseWriter, r *http.Request) {
 	cfg, q := p.cfg.Load(), r.URL.Query()
@@ -399,7 +427,7 @@ func (p *parts) usage(w http.ResponseWriter, r *http.Request) {
 	}
 	hashed := q.Get("hashed") == "true"
 	rep := usageReport{Policy: policy, Identities: map[string]string{}, Model: q.Get("model"), Tier: q.Get("tier"), Rules: []usageRule{}}
-	for _, v := range q["identity"] {
+	for _, v := range slices.Concat(q["identity"], r.Header.Values(identityHeader)) {
 		name, value, ok := strings.Cut(v, "=")
 		if !ok {
 			if len(pol.Identities) != 1 {

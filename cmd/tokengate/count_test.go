@@ -214,8 +214,8 @@ func TestCountErrors(t *testing.T) {
 		{"malformed json", []string{"-"}, `{"model":`, "malformed request body", false},
 		{"unknown shape", []string{"-"}, `{"model":"gpt-4o"}`, "unknown API shape", false},
 		{"unknown model without a fallback, as serve", []string{"--config", noFallback, "-"}, `{"model":"mystery-1","messages":[]}`, "unknown model and no fallback encoding configured: the model named by model at byte 9", false},
-		{"negative cap", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":-5}`, "max_tokens: want a whole number from 1 to 1048576, got a number below 1 at byte 45", false},
-		{"absurd cap", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":1e12}`, "max_tokens: want a whole number from 1 to 1048576, got a number with a fraction or an exponent at byte 45", false},
+		{"cap of a wrong type", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":"lots"}`, "max_tokens: want a number no larger than 1048576, got a string at byte 45", false},
+		{"absurd cap", []string{"-"}, `{"model":"gpt-4o","messages":[],"max_tokens":1e12}`, "max_tokens: want a number no larger than 1048576, got a number above 1048576 at byte 45", false},
 		{"unknown flag", []string{"--frobnicate", "-"}, `{}`, "flag provided but not defined", true},
 	}
 	for _, tt := range tests {

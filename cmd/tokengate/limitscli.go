@@ -38,7 +38,8 @@ IDENTITY is the value requests carry (for the Authorization header, the
 API key with or without "Bearer "); tokengate hashes a hashed identity
 (hash: true) before storing it, and never stores or logs the raw value.
 Listings show hashed identities in their hashed form (h. and 32 hex
-digits); pass that form with --hashed.
+digits); pass that form with --hashed. IDENTITY travels in the
+X-Tokengate-Identity header, never in the URL, which proxies log.
 
 The admin API's bearer token is read from the environment variable named by
 --token-env.`
@@ -52,8 +53,9 @@ quota what its current window has spent and when the window ends, for a
 concurrency limit the requests in flight.
 
 IDENTITY is NAME=VALUE (team=acme), or the value alone when the policy has
-one identity. Rules keyed by an identity not given are left out; per-model
-rules need --model.`
+one identity; it travels in an X-Tokengate-Identity header, never in the
+URL. Rules keyed by an identity not given are left out; per-model rules
+need --model.`
 
 // adminFlags are the flags every admin API command takes.
 type adminFlags struct {
@@ -73,9 +75,11 @@ func addAdminFlags(fs *flag.FlagSet) *adminFlags {
 }
 
 // call sends one admin API request and decodes a 2xx answer into out; any
-// other answer is an error quoting the API's message and problems.
-func (f *adminFlags) call(ctx context.Context, cmd, method, path string, query url.Values, body []byte, out any) ([]byte, error) {
-	tok := os.Getenv(f.tokenEnv)
+// other answer is an error quoting the API's message and problems. ids
+// travel in identity headers, never in the URL: a raw API key there would
+// reach the access logs of every proxy on the way.
+func (f *adminFlags) call(ctx context.Context, cmd, method, path string, query url.Values, ids []string, body []byte, out any) ([]byte, error) {
+	tok := strings.TrimSpace(os.Getenv(f.tokenEnv)) // as the server reads its own
 	if tok == "" {
 		return nil, usageError{fmt.Sprintf("%s: environment variable %s is not set: it holds the admin API's bearer token (admin_api.token_env on the server)", cmd, f.tokenEnv)}
 	}
@@ -99,6 +103,9 @@ func (f *adminFlags) call(ctx context.Context, cmd, method, path string, query u
 		return nil, usageError{fmt.Sprintf("%s: --url: %v", cmd, err)}
 	}
 	req.Header.Set("authorization", "Bearer "+tok)
+	for _, id := range ids {
+		req.Header.Add(identityHeader, id)
+	}
 	if body != nil {
 		req.Header.Set("content-type", "application/json")
 	}
@@ -130,8 +137,10 @@ func (f *adminFlags) call(ctx context.Context, cmd, method, path string, query u
 	return data, nil
 }
 
-func limitPath(policy, rule, identity string) string {
-	return "/v1/limits/" + url.PathEscape(policy) + "/" + url.PathEscape(rule) + "/" + url.PathEscape(identity)
+// limitPath is the path of a rule's overrides; the identity goes in a
+// header (see call).
+func limitPath(policy, rule string) string {
+	return "/v1/limits/" + url.PathEscape(policy) + "/" + url.PathEscape(rule)
 }
 
 func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
@@ -156,7 +165,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		var b limitBody
-		data, err := f.call(ctx, cmd, http.MethodPut, limitPath(rest[0], rest[1], rest[2]), nil, body, &b)
+		data, err := f.call(ctx, cmd, http.MethodPut, limitPath(rest[0], rest[1]), nil, rest[2:3], body, &b)
 		if err != nil {
 			return err
 		}
@@ -174,7 +183,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 				path += "/" + url.PathEscape(rest[0])
 			}
 			var l limitList
-			data, err := f.call(ctx, cmd, http.MethodGet, path, nil, nil, &l)
+			data, err := f.call(ctx, cmd, http.MethodGet, path, nil, nil, nil, &l)
 			if err != nil || f.json {
 				return writeRaw(stdout, data, err)
 			}
@@ -186,7 +195,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 			return tw.Flush()
 		case 3:
 			var b limitBody
-			data, err := f.call(ctx, cmd, http.MethodGet, limitPath(rest[0], rest[1], rest[2]), nil, nil, &b)
+			data, err := f.call(ctx, cmd, http.MethodGet, limitPath(rest[0], rest[1]), nil, rest[2:3], nil, &b)
 			if err != nil || f.json {
 				return writeRaw(stdout, data, err)
 			}
@@ -199,7 +208,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 			return usageError{"limits rm: want POLICY RULE IDENTITY"}
 		}
 		var b limitBody
-		data, err := f.call(ctx, cmd, http.MethodDelete, limitPath(rest[0], rest[1], rest[2]), nil, nil, &b)
+		data, err := f.call(ctx, cmd, http.MethodDelete, limitPath(rest[0], rest[1]), nil, rest[2:3], nil, &b)
 		if err != nil || f.json {
 			return writeRaw(stdout, data, err)
 		}
@@ -265,14 +274,14 @@ func runUsage(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(rest) == 0 {
 		return usageError{"usage: want at least one IDENTITY (NAME=VALUE, or the value when the policy has one identity)"}
 	}
-	q := url.Values{"identity": rest}
+	q := url.Values{}
 	for k, v := range map[string]string{"policy": *policy, "model": *model, "tier": *tier} {
 		if v != "" {
 			q.Set(k, v)
 		}
 	}
 	var rep usageReport
-	data, err := f.call(ctx, "usage", http.MethodGet, "/v1/usage", q, nil, &rep)
+	data, err := f.call(ctx, "usage", http.MethodGet, "/v1/usage", q, rest, nil, &rep)
 	if err != nil || f.json {
 		return writeRaw(stdout, data, err)
 	}
