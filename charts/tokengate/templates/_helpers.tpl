@@ -38,7 +38,8 @@ variables the chart sets.
 {{- $listeners := default dict $cfg.listeners -}}
 {{- $_ := set $listeners "grpc" (printf "0.0.0.0:%v" .Values.ports.grpc) -}}
 {{- $_ := set $listeners "admin" (printf "0.0.0.0:%v" .Values.ports.admin) -}}
-{{- if and .Values.insecureGRPC (not $listeners.grpc_tls) -}}
+{{- $adminAPI := or .Values.adminToken.existingSecret .Values.adminToken.value -}}
+{{- if and .Values.insecure (or (not $listeners.grpc_tls) (and $adminAPI (not $listeners.admin_tls))) -}}
 {{- $_ := set $listeners "insecure" true -}}
 {{- end -}}
 {{- $_ := set $cfg "listeners" $listeners -}}
