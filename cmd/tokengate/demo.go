@@ -139,7 +139,7 @@ func startDemo(ctx context.Context, opts demoOptions) (*demoEnv, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--admin: %w", err)
 		}
-		as := &http.Server{Handler: parts.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		as := &http.Server{Handler: parts.admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go as.Serve(aLis)
 		env.closers = append(env.closers, func() { as.Close() })
 		env.admin = "http://" + aLis.Addr().String()

@@ -1,0 +1,5 @@
+package admin
+
+import "net/http"
+
+func (s *Server) page(mux *http.ServeMux) {}
