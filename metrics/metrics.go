@@ -398,6 +398,21 @@ func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
 	return n, err
 }
 
+var _ buckets.SpendLister = (*Store)(nil)
+
+// ListSpend implements buckets.SpendLister (op "list_spend"); a wrapped
+// store that cannot list answers an error wrapping errors.ErrUnsupported.
+func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.SpendList, error) {
+	l, ok := s.Store.(buckets.SpendLister)
+	if !ok {
+		return buckets.SpendList{}, fmt.Errorf("metrics: list spend: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	list, err := l.ListSpend(ctx, q)
+	s.observe("list_spend", start, err)
+	return list, err
+}
+
 var _ buckets.SpendAdder = (*Store)(nil)
 
 // AddSpend implements buckets.SpendAdder (op "add_spend"); a wrapped store
