@@ -403,4 +403,3 @@ func parsePage(t *testing.T, body string) page {
 	}
 	return p
 }
-

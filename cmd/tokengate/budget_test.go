@@ -136,7 +136,7 @@ func sample(metricsText, line string) int {
 // shows it.
 type pageQuota struct {
 	Policy, Quota, Refused string
-	Rows              [][]string // per identity: its cells
+	Rows                   [][]string // per identity: its cells
 }
 
 // The budget page, in a real headless Chromium, on `tokengate demo
