@@ -78,7 +78,8 @@ type Options struct {
 	TokenSource string
 	// Logger receives the overrides' warnings; nil discards them.
 	Logger *slog.Logger
-	// Now is the clock of sign-in sessions; nil is time.Now.
+	// Now is the clock of sign-in sessions and of the page's "read at";
+	// nil is time.Now.
 	Now func() time.Time
 }
 
@@ -95,6 +96,7 @@ type Server struct {
 	token       []byte
 	tokenSource string
 	sessions    *sessions
+	now         func() time.Time
 	handler     http.Handler
 }
 
@@ -111,7 +113,7 @@ func New(ctx context.Context, o Options) *Server {
 	if now == nil {
 		now = time.Now
 	}
-	s := &Server{gateway: o.Gateway, overrides: o.Overrides, metrics: o.Metrics, tokenSource: o.TokenSource, sessions: newSessions(now)}
+	s := &Server{gateway: o.Gateway, overrides: o.Overrides, metrics: o.Metrics, tokenSource: o.TokenSource, sessions: newSessions(now), now: now}
 	if s.tokenSource == "" {
 		s.tokenSource = "the admin token"
 	}

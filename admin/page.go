@@ -248,7 +248,7 @@ const (
 func (s *Server) budgetView(ctx context.Context, top int, signedIn bool) pageView {
 	cfg := s.cfg.Load()
 	refusals := s.metrics.Refusals()
-	v := pageView{At: time.Now().UTC().Truncate(time.Second), SignedIn: signedIn, Top: top}
+	v := pageView{At: s.now().UTC().Truncate(time.Second), SignedIn: signedIn, Top: top}
 	for _, p := range cfg.Policies {
 		pv := policyView{Name: p.Name, Tiered: len(p.Tiers) > 0}
 		for d, n := range refusals.Decisions[p.Name] {
