@@ -335,3 +335,53 @@ func TestUsage(t *testing.T) {
 		t.Errorf("Usage of an unknown identity: %v; want ErrUnknownIdentity", err)
 	}
 }
+
+// Spenders lists a quota's current window by identity in the form store
+// keys use: a hashed identity hashed, never its raw value; a quota of
+// money keyed by its currency finds its own spend, not the token quota's.
+func TestSpendersListTheWindowHashedIdentitiesHashed(t *testing.T) {
+	now := budgetClock()
+	monthly := QuotaRule{Name: "team-monthly", Per: "team", Window: mustWindow(t, "month", "Europe/Amsterdam"), Unit: buckets.Money, Limit: 5_000_000}
+	daily := QuotaRule{Name: "key-daily", Per: "key", Window: mustWindow(t, "day", "UTC"), Limit: 100000}
+	pol := Policy{
+		Name:       "p",
+		Identities: []Identity{{Name: "team", Header: "x-team"}, {Name: "key", Header: "authorization", Hash: true}},
+		Buckets:    []BucketRule{{Name: "global", Limit: buckets.Limit{Capacity: 100000, Rate: 1}}},
+		Quotas:     []QuotaRule{monthly, daily},
+	}
+	u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte("{}")}}
+	r := newRig(t, u, rigOptions{policies: []Policy{pol}, now: now, store: buckets.NewMemory(buckets.MemoryOptions{Now: now}), prices: testPrices(t)})
+	for _, c := range []struct{ team, key string }{{"acme", "sk-alice"}, {"acme", "sk-bob"}, {"globex", "sk-alice"}} {
+		hdr := map[string]string{"x-team": c.team, "authorization": "Bearer " + c.key}
+		if resp, _ := r.post(t, chatPath, `{"model":"gpt-4o-mini","max_tokens":12,"messages":[]}`, hdr); resp.StatusCode != 200 {
+			t.Fatalf("request: %d", resp.StatusCode)
+		}
+		r.outcome(t)
+	}
+	ctx := context.Background()
+	keys, err := r.srv.Spenders(ctx, "p", "key-daily", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := buckets.SpendList{
+		Window: daily.Window.Span(now()),
+		Top:    []buckets.KeySpend{{Key: IdentityKey("sk-alice", true), Spent: 44}, {Key: IdentityKey("sk-bob", true), Spent: 22}},
+		Read:   2, Complete: true,
+	}
+	if d := cmp.Diff(want, keys); d != "" {
+		t.Errorf("Spenders of key-daily (-want +got):\n%s", d)
+	}
+	teams, err := r.srv.Spenders(ctx, "p", "team-monthly", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(teams.Top) != 1 || teams.Top[0] != (buckets.KeySpend{Key: "acme", Spent: 1_400_000}) || teams.Read != 2 || teams.Window.ID != "2026-03" {
+		t.Errorf("Spenders of team-monthly, top 1 = %+v; want acme with $1.40 of 2 teams in 2026-03", teams)
+	}
+	if _, err := r.srv.Spenders(ctx, "p", "global", 1); !errors.Is(err, ErrUnknownQuota) {
+		t.Errorf("Spenders of a bucket: %v; want ErrUnknownQuota", err)
+	}
+	if _, err := r.srv.Spenders(ctx, "nope", "key-daily", 1); !errors.Is(err, ErrUnknownPolicy) {
+		t.Errorf("Spenders of an unknown policy: %v; want ErrUnknownPolicy", err)
+	}
+}

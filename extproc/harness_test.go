@@ -218,6 +218,15 @@ func (s *recordingStore) InUse(ctx context.Context, ss []buckets.Slot) ([]int, e
 	return in.InUse(ctx, ss)
 }
 
+// ListSpend implements buckets.SpendLister when the inner store does.
+func (s *recordingStore) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.SpendList, error) {
+	l, ok := s.inner.(buckets.SpendLister)
+	if !ok {
+		return buckets.SpendList{}, errors.ErrUnsupported
+	}
+	return l.ListSpend(ctx, q)
+}
+
 func (s *recordingStore) Pause(ctx context.Context, b buckets.Bucket, until time.Time) error {
 	s.mu.Lock()
 	s.paused[b.Name] = until

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tokengate/tokengate/buckets"
@@ -179,4 +180,38 @@ func (s *Server) Usage(ctx context.Context, q UsageQuery) (Usage, error) {
 		}
 	}
 	return Usage{Policy: pol.Name, Currency: p.currency(), Rules: rules, At: at}, nil
+}
+
+// ErrUnknownQuota is wrapped by Spenders' error for a quota the policy
+// does not define.
+var ErrUnknownQuota = errors.New("unknown quota")
+
+// Spenders lists, writing nothing, the identities with the most spend in
+// the current window of the policy's quota rule quota: at most top of
+// them, largest first, each in the form store keys use (IdentityKey: a
+// hashed identity hashed, never raw; the model's key for a per-model
+// quota; "%2A" for a global one), with what the store says of how much it
+// read (buckets.SpendList). The store must implement buckets.SpendLister
+// (otherwise the error wraps errors.ErrUnsupported); an unknown policy or
+// quota is an error wrapping ErrUnknownPolicy or ErrUnknownQuota.
+func (s *Server) Spenders(ctx context.Context, policy, quota string, top int) (buckets.SpendList, error) {
+	pol := s.live.Load().byName[policy]
+	if pol == nil {
+		return buckets.SpendList{}, fmt.Errorf("%w %q", ErrUnknownPolicy, policy)
+	}
+	i := slices.IndexFunc(pol.Quotas, func(r QuotaRule) bool { return r.Name == quota })
+	if i < 0 {
+		return buckets.SpendList{}, fmt.Errorf("%w: policy %q has no quota %q", ErrUnknownQuota, policy, quota)
+	}
+	l, ok := s.cfg.Store.(buckets.SpendLister)
+	if !ok {
+		return buckets.SpendList{}, fmt.Errorf("spenders: the bucket store cannot list spend: %w", errors.ErrUnsupported)
+	}
+	r := pol.Quotas[i]
+	p := &processor{s: s, pol: pol, policy: pol.Name}
+	list, err := l.ListSpend(ctx, buckets.SpendQuery{Prefix: quotaKey(pol.Name, r.Name, "", r.Unit, p.currency()), Window: r.Window, Top: top})
+	if err != nil {
+		return buckets.SpendList{}, fmt.Errorf("spenders: %w", err)
+	}
+	return list, nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/lease"
@@ -398,6 +399,21 @@ func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
 	return n, err
 }
 
+var _ buckets.SpendLister = (*Store)(nil)
+
+// ListSpend implements buckets.SpendLister (op "list_spend"); a wrapped
+// store that cannot list answers an error wrapping errors.ErrUnsupported.
+func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.SpendList, error) {
+	l, ok := s.Store.(buckets.SpendLister)
+	if !ok {
+		return buckets.SpendList{}, fmt.Errorf("metrics: list spend: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	list, err := l.ListSpend(ctx, q)
+	s.observe("list_spend", start, err)
+	return list, err
+}
+
 var _ buckets.SpendAdder = (*Store)(nil)
 
 // AddSpend implements buckets.SpendAdder (op "add_spend"); a wrapped store
@@ -466,4 +482,58 @@ func (l *Lender) Lease(ctx context.Context, ops []buckets.LeaseOp) error {
 	err := l.l.Lease(ctx, ops)
 	l.s.observe("lease", start, err)
 	return err
+}
+
+// Refusals is what this gateway refused since it started, read back from
+// its own counters: the store keeps spend, not refusals, and each gateway
+// of a fleet counts its own. A budget page shows them beside the spend.
+type Refusals struct {
+	// Decisions maps policy to decision to requests, for every decision
+	// but admitted (tokengate_requests_total).
+	Decisions map[string]map[string]int
+	// Quotas maps policy to quota to the requests it refused
+	// (tokengate_quota_exhausted_total).
+	Quotas map[string]map[string]int
+}
+
+// Refusals reads the refusals counted so far.
+func (m *Metrics) Refusals() Refusals {
+	return Refusals{
+		Decisions: counts(m.requests, "decision", "admitted"),
+		Quotas:    counts(m.exhausted, "quota", ""),
+	}
+}
+
+// counts reads a counter labelled policy and label, by policy and label,
+// leaving out the label value skip.
+func counts(v *prometheus.CounterVec, label, skip string) map[string]map[string]int {
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		v.Collect(ch)
+		close(ch)
+	}()
+	out := map[string]map[string]int{}
+	for metric := range ch {
+		var d dto.Metric
+		if metric.Write(&d) != nil {
+			continue
+		}
+		var policy, value string
+		for _, l := range d.GetLabel() {
+			switch l.GetName() {
+			case "policy":
+				policy = l.GetValue()
+			case label:
+				value = l.GetValue()
+			}
+		}
+		if value == skip {
+			continue
+		}
+		if out[policy] == nil {
+			out[policy] = map[string]int{}
+		}
+		out[policy][value] = int(d.GetCounter().GetValue())
+	}
+	return out
 }

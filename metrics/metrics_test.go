@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -185,6 +186,32 @@ tokengate_quota_exhausted_total{policy="teams",quota="team-monthly"} 2
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"tokengate_quota_spent_tokens_total", "tokengate_quota_spent_micros_total", "tokengate_quota_exhausted_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// Refusals reads back what the counters hold: every decision but
+// admitted by policy, and the quotas that refused, for the budget page.
+func TestRefusalsReadBackFromTheCounters(t *testing.T) {
+	m := New(prometheus.NewRegistry(), Options{})
+	for _, o := range []extproc.Outcome{
+		{Policy: "teams", Decision: "admitted", Reserved: 10, Settled: 10},
+		{Policy: "teams", Decision: "refused_budget", Budget: "team-monthly"},
+		{Policy: "teams", Decision: "refused_budget", Budget: "team-monthly"},
+		{Policy: "teams", Decision: "never_admissible", Budget: "key-daily"},
+		{Policy: "teams", Decision: "refused_tokens"},
+		{Policy: "demo", Decision: "refused_tokens"},
+	} {
+		m.Finish(o)
+	}
+	want := Refusals{
+		Decisions: map[string]map[string]int{
+			"teams": {"refused_budget": 2, "never_admissible": 1, "refused_tokens": 1},
+			"demo":  {"refused_tokens": 1},
+		},
+		Quotas: map[string]map[string]int{"teams": {"team-monthly": 2, "key-daily": 1}},
+	}
+	if d := cmp.Diff(want, m.Refusals()); d != "" {
+		t.Errorf("Refusals (-want +got):\n%s", d)
 	}
 }
 

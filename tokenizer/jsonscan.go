@@ -2,14 +2,12 @@ package tokenizer
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"iter"
-	"math/bits"
 	"sync"
-	"unicode/utf16"
-	"unicode/utf8"
 	"unsafe"
+
+	"github.com/tokengate/tokengate/internal/jsonstr"
 )
 
 // Request bodies are read by a small JSON reader of this package's own,
@@ -27,7 +25,8 @@ import (
 //
 // A body is validated once, completely (RFC 8259, with encoding/json's
 // leniency for invalid UTF-8 inside strings, which is kept and counted as
-// U+FFFD). The validating pass also records where every object and array
+// U+FFFD); its strings are read by package jsonstr, as provider answers
+// are. The validating pass also records where every object and array
 // ends, so walking the body afterwards steps over a nested value in one
 // move instead of rescanning it at every level.
 
@@ -172,87 +171,13 @@ func (d *doc) number(i int) (int, error) {
 
 func isHex(c byte) bool { return isDigit(c) || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
 
-// SWAR constants: one in every byte, the top bit of every byte.
-const (
-	ones = 0x0101010101010101
-	tops = 0x8080808080808080
-)
-
-// special returns the top bit of each of the 8 bytes of w (little
-// endian) that is '"', '\\' or a control byte, the bytes that stop a scan
-// through a string; bits above the lowest may be spurious, the lowest is
-// exact (the usual "has a byte below n" test: a borrow only runs upwards
-// from a byte that matches).
-func special(w uint64) uint64 {
-	q := w ^ (ones * '"')
-	b := w ^ (ones * '\\')
-	return ((w-ones*0x20)&^w | (q-ones)&^q | (b-ones)&^b) & tops
-}
-
-// skipPlain returns the offset of the first byte at or after i that is
-// '"', '\\' or a control byte, or a point at most 15 bytes before the end
-// of src, 16 bytes at a time.
-func skipPlain(src []byte, i int) int {
-	for ; i+16 <= len(src); i += 16 {
-		m1 := special(binary.LittleEndian.Uint64(src[i:]))
-		m2 := special(binary.LittleEndian.Uint64(src[i+8:]))
-		if m1 != 0 {
-			return i + bits.TrailingZeros64(m1)/8
-		}
-		if m2 != 0 {
-			return i + 8 + bits.TrailingZeros64(m2)/8
-		}
-	}
-	return i
-}
-
-// plainString marks the bytes a string scan passes over: not '"', '\\',
-// or a control byte.
-var plainString = func() (t [256]bool) {
-	for c := 0x20; c < 256; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
+// str checks the string at src[i] (package jsonstr) and returns its end.
 func (d *doc) str(i int) (int, error) {
-	src := d.src
-	i++
-	for {
-		i = skipPlain(src, i)
-		for i < len(src) && plainString[src[i]] {
-			i++
-		}
-		if i >= len(src) {
-			return i, d.eof()
-		}
-		switch src[i] {
-		case '"':
-			return i + 1, nil
-		case '\\':
-			if i+1 >= len(src) {
-				return i, d.eof()
-			}
-			switch src[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				for k := 2; k < 6; k++ {
-					if i+k >= len(src) {
-						return i, d.eof()
-					}
-					if !isHex(src[i+k]) {
-						return i, &syntaxError{i + k, "invalid escape in a string"}
-					}
-				}
-				i += 6
-			default:
-				return i, &syntaxError{i + 1, "invalid escape in a string"}
-			}
-		default:
-			return i, &syntaxError{i, "control character in a string"}
-		}
+	end, err := jsonstr.Scan(d.src, i)
+	if e, ok := err.(*jsonstr.Error); ok {
+		return e.Off, &syntaxError{e.Off, e.What}
 	}
+	return end, err
 }
 
 // open numbers a new container; close records where it ends.
@@ -526,69 +451,8 @@ func (v jval) isString(s string) bool {
 }
 
 // unescape decodes the escapes of the inside of a valid JSON string as
-// encoding/json does: a lone or mismatched surrogate becomes U+FFFD.
-// Other bytes are copied as they are.
-func unescape(s []byte) []byte {
-	out := make([]byte, 0, len(s))
-	for i := 0; i < len(s); {
-		j := bytes.IndexByte(s[i:], '\\')
-		if j < 0 {
-			return append(out, s[i:]...)
-		}
-		out = append(out, s[i:i+j]...)
-		i += j
-		switch c := s[i+1]; c {
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
-			r := hex4(s[i+2:])
-			i += 6
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-					r2 = hex4(s[i+2:])
-				}
-				if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-					r = dec
-					i += 6
-				} else {
-					r = utf8.RuneError
-				}
-			}
-			out = utf8.AppendRune(out, r)
-			continue
-		default: // '"', '\\', '/'
-			out = append(out, c)
-		}
-		i += 2
-	}
-	return out
-}
-
-// hex4 decodes four hex digits, known to be valid.
-func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case c <= '9':
-			c -= '0'
-		case c <= 'F':
-			c -= 'A' - 10
-		default:
-			c -= 'a' - 10
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
-}
+// encoding/json does (package jsonstr), into new bytes.
+func unescape(s []byte) []byte { return jsonstr.Append(make([]byte, 0, len(s)), s) }
 
 // member is one member of an object.
 type member struct {

@@ -5,6 +5,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/tokengate/tokengate/internal/jsonstr"
 )
 
 // A request body that arrives in chunks (Envoy's STREAMED and
@@ -274,10 +276,7 @@ func (p *Precount) readString(chunk []byte, i int) (end int, ok bool) {
 			}
 			continue
 		}
-		j := skipPlain(chunk, i)
-		for j < len(chunk) && plainString[chunk[j]] {
-			j++
-		}
+		j := jsonstr.Plain(chunk, i)
 		p.emit(chunk[i:j])
 		if j == len(chunk) {
 			return -1, true

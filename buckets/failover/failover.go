@@ -766,3 +766,22 @@ func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
 	}
 	return n, err
 }
+
+var _ buckets.SpendLister = (*Store)(nil)
+
+// ListSpend implements buckets.SpendLister through the primary, as
+// Inspect does: during an outage the error wraps buckets.ErrStore.
+func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.SpendList, error) {
+	l, ok := s.primary.(buckets.SpendLister)
+	if !ok {
+		return buckets.SpendList{}, fmt.Errorf("failover: list spend: %T: %w", s.primary, errors.ErrUnsupported)
+	}
+	if s.skipPrimary() {
+		return buckets.SpendList{}, fmt.Errorf("failover: list spend: the store is unreachable: %w", buckets.ErrStore)
+	}
+	list, err := l.ListSpend(ctx, q)
+	if !s.failed(ctx, err) && err == nil {
+		s.succeeded()
+	}
+	return list, err
+}

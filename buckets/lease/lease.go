@@ -1010,6 +1010,19 @@ func (s *Store) InUse(ctx context.Context, ss []buckets.Slot) ([]int, error) {
 	return in.InUse(ctx, ss)
 }
 
+var _ buckets.SpendLister = (*Store)(nil)
+
+// ListSpend implements buckets.SpendLister through the inner store:
+// quotas are never leased, so what it holds is all there is. An inner
+// store that cannot list answers an error wrapping errors.ErrUnsupported.
+func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.SpendList, error) {
+	l, ok := s.inner.(buckets.SpendLister)
+	if !ok {
+		return buckets.SpendList{}, fmt.Errorf("lease: list spend: %T: %w", s.inner, errors.ErrUnsupported)
+	}
+	return l.ListSpend(ctx, q)
+}
+
 // Pause implements buckets.Store (S18). What this gateway holds of the
 // bucket goes back first, so that the pause empties it all; other
 // gateways' leases run out before they see the pause.

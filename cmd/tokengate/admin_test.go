@@ -38,7 +38,7 @@ func TestAdminTokenTrimmedSchemeAnyCase(t *testing.T) {
 		{adminToken, 401},
 		{"Bearer", 401},
 	} {
-		if st, body := admin(t, "GET", p.admin+"/v1/limits", tt.auth, ""); st != tt.status {
+		if st, body := adminCall(t, "GET", p.admin+"/v1/limits", tt.auth, ""); st != tt.status {
 			t.Errorf("Authorization %q: %d %s, want %d", tt.auth, st, body, tt.status)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -16,9 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tokengate/tokengate/admin"
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/failover"
 	"github.com/tokengate/tokengate/buckets/lease"
@@ -39,8 +38,8 @@ type parts struct {
 	metrics  *metrics.Metrics
 	ready    atomic.Bool
 	closers  []func() error
-
-	liveState // limits as data: overrides, the admin API and reloads (admin.go)
+	// admin serves the admin listener and keeps the overrides in force.
+	admin *admin.Server
 }
 
 // background runs the failover store's work (failover.Store.Run) until
@@ -147,11 +146,15 @@ func (p *parts) close() {
 	}
 }
 
-// buildOptions lets the demo run serve's wiring on a clock it can advance
-// and watch each request's outcome; serve leaves both nil.
+// buildOptions lets the demo run serve's wiring on a clock it can advance,
+// watch each request's outcome and sign in with a token of its own; serve
+// leaves them zero.
 type buildOptions struct {
 	now      func() time.Time      // the store's and the server's clock; nil is time.Now
 	onFinish func(extproc.Outcome) // called after the metrics see each outcome
+	// adminToken is the admin token of a configuration without
+	// admin_api.token_env: the demo's, made at start.
+	adminToken string
 }
 
 // build makes everything serve runs from one validated configuration.
@@ -166,7 +169,6 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	if closeStore != nil {
 		p.closers = append(p.closers, closeStore)
 	}
-	p.raw = primary
 	var store buckets.Store = p.metrics.Instrument(primary)
 	if cfg.Store.Type != "memory" {
 		opts := failover.Options{Mode: failover.Closed, Logger: logger, OnFallback: p.metrics.Fallback, OnState: p.metrics.StoreState}
@@ -220,7 +222,7 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		p.close()
 		return nil, err
 	}
-	if err := p.buildLimits(ctx, cfg, logger); err != nil {
+	if err := p.buildAdmin(ctx, cfg, primary, logger, opts.adminToken); err != nil {
 		p.close()
 		return nil, err
 	}
@@ -353,24 +355,60 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) {
 	return out, nil
 }
 
-func (p *parts) adminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case !p.ready.Load():
-			http.Error(w, "not ready: shutting down", http.StatusServiceUnavailable)
-		case p.failover != nil && !p.failover.Healthy() && !p.failover.FailsOpen():
-			http.Error(w, "not ready: bucket store unreachable (failing closed)", http.StatusServiceUnavailable)
-		default:
-			w.Write([]byte("ready\n"))
+// buildAdmin makes the admin server: overrides kept where the bucket
+// store keeps its buckets (primary), with the admin token read from
+// admin_api.token_env, or else token. The overrides of the configuration
+// and of the store apply before it returns.
+func (p *parts) buildAdmin(ctx context.Context, cfg *config.Config, primary buckets.Store, logger *slog.Logger, token string) error {
+	var overrides admin.OverrideStore = &buckets.MemoryOverrides{}
+	if rs, ok := primary.(*redisstore.Store); ok {
+		overrides = rs.Overrides()
+	}
+	source := "the token tokengate demo printed"
+	if env := cfg.AdminAPI.TokenEnv; env != "" {
+		tok, err := admin.ReadToken(env)
+		if err != nil {
+			return err
 		}
+		token, source = tok, "the value of "+env
+	}
+	p.admin = admin.New(ctx, admin.Options{
+		Config: cfg, Gateway: p.server, Overrides: overrides, Metrics: p.metrics, Gatherer: p.registry,
+		Ready: p.readiness, Token: token, TokenSource: source, Logger: logger,
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry}))
-	p.adminAPI(mux)
-	return mux
+	return nil
+}
+
+// readiness is what /readyz answers: nil while serving, or why not.
+func (p *parts) readiness() error {
+	switch {
+	case !p.ready.Load():
+		return errors.New("shutting down")
+	case p.failover != nil && !p.failover.Healthy() && !p.failover.FailsOpen():
+		return errors.New("bucket store unreachable (failing closed)")
+	}
+	return nil
+}
+
+// tiers maps a policy's tier source and tiers onto the server's terms.
+func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override, error) {
+	if cp.Tier == nil {
+		return nil, nil, nil
+	}
+	src := &extproc.Identity{Name: "tier", Header: cp.Tier.Header, Metadata: cp.Tier.Metadata, Path: cp.Tier.Path}
+	out := make(map[string]map[string]extproc.Override, len(cp.Tiers))
+	for _, t := range cp.Tiers {
+		rules := make(map[string]extproc.Override, len(t.Limits))
+		for _, rl := range t.Limits {
+			ov, err := admin.OverrideOf(rl.Limits)
+			if err != nil {
+				return nil, nil, fmt.Errorf("tier %q, rule %q: %w", t.Name, rl.Rule, err)
+			}
+			rules[rl.Rule] = ov
+		}
+		out[t.Name] = rules
+	}
+	return src, out, nil
 }
 
 // buildStore makes the configured bucket store. The returned function closes

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +44,7 @@ func (c *demoClock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 type demoEnv struct {
 	base     string // the stand-in's URL
 	admin    string // the admin listener's URL, when there is one
+	token    string // the admin token, made at start, when there is an admin listener
 	mock     *mockllm.Server
 	proxy    *standin.Proxy
 	clock    *demoClock
@@ -70,6 +73,13 @@ func startDemo(ctx context.Context, opts demoOptions) (*demoEnv, error) {
 		return nil, err
 	}
 	env := &demoEnv{clock: &demoClock{}, outcomes: make(chan extproc.Outcome, 64)}
+	if opts.admin != "" {
+		// A token of this run only, printed for a person to sign in to
+		// the budget page with.
+		var b [16]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+		env.token = hex.EncodeToString(b[:])
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -78,7 +88,8 @@ func startDemo(ctx context.Context, opts demoOptions) (*demoEnv, error) {
 	}()
 
 	parts, err := build(ctx, cfg, opts.logger, buildOptions{
-		now: env.clock.Now,
+		now:        env.clock.Now,
+		adminToken: env.token,
 		onFinish: func(o extproc.Outcome) {
 			select {
 			case env.outcomes <- o:
@@ -139,7 +150,7 @@ func startDemo(ctx context.Context, opts demoOptions) (*demoEnv, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--admin: %w", err)
 		}
-		as := &http.Server{Handler: parts.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		as := &http.Server{Handler: parts.admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go as.Serve(aLis)
 		env.closers = append(env.closers, func() { as.Close() })
 		env.admin = "http://" + aLis.Addr().String()
@@ -222,14 +233,16 @@ with Retry-After, a 413, a stream cut with finish_reason "length", and debt,
 with the OpenAI Go SDK as the client. It exits 0 when every step behaved.
 
 With --serve the stack stays up on --listen (default 127.0.0.1:8080) for
-curl or an SDK, logs JSON lines to stderr, and serves /metrics, /healthz
-and /readyz on --admin, like serve.`
+curl or an SDK, logs JSON lines to stderr, and serves /metrics, /healthz,
+/readyz, the admin API and the budget page (/budget) on --admin, like
+serve. It prints an admin token made for this run, to sign in to the page
+with and to give the limits and usage commands (TOKENGATE_ADMIN_TOKEN).`
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo")
 	serveMode := fs.Bool("serve", false, "keep the stack listening and print curl and SDK lines to try")
 	listen := fs.String("listen", "", "`ADDR`ess of the Envoy stand-in (default 127.0.0.1:8080 with --serve, a free port without)")
-	admin := fs.String("admin", "127.0.0.1:9090", "`ADDR`ess of /metrics, /healthz and /readyz with --serve")
+	admin := fs.String("admin", "127.0.0.1:9090", "`ADDR`ess of /metrics, /healthz, /readyz, the admin API and the budget page with --serve")
 	delay := fs.Duration("token-delay", 4*time.Millisecond, "the mock LLM's `DELAY` per output token")
 	rest, err := parseArgs(fs, args, stdout)
 	if err != nil {
@@ -255,17 +268,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer env.close()
 	if *serveMode {
 		opts.logger.Info("tokengate demo stack listening", "envoy_standin", env.base, "admin", env.admin)
-		printServeHelp(stdout, env.base, env.admin)
+		printServeHelp(stdout, env.base, env.admin, env.token)
 		<-ctx.Done()
 		return nil
 	}
 	return tour(ctx, env, stdout)
 }
 
-func printServeHelp(w io.Writer, base, admin string) {
+func printServeHelp(w io.Writer, base, admin, token string) {
 	fmt.Fprintf(w, `tokengate demo stack listening on %[1]s (Envoy stand-in → tokengate → mock LLM)
 metrics on %[2]s/metrics
-policies: "demo" on %[1]s/v1/… (1000-token burst, 600 tokens/min per x-user-id)
+budget page on %[2]s/budget (sign in with the admin token %[3]s)
+policies: "demo" on %[1]s/v1/… (1000-token burst, 600 tokens/min per x-user-id; 5000 tokens a day)
           "capped" on %[1]s/capped/v1/… (a stream is cut at 80 output tokens; an answer that is not
           streamed is not: it arrives whole and is charged whole, as clamp_output: true would prevent)
 
@@ -278,8 +292,11 @@ try:
 with the OpenAI Python SDK:
   OpenAI(base_url="%[1]s/v1", api_key="demo", default_headers={"x-user-id": "me"})
 
+what each user has spent today:
+  TOKENGATE_ADMIN_TOKEN=%[3]s tokengate usage --url %[2]s --policy demo user=me
+
 Ctrl-C stops it.
-`, base, admin)
+`, base, admin, token)
 }
 
 // tour runs the scripted walk through admission, refusal, cut-off and debt.

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tokengate/tokengate/admin"
 	"github.com/tokengate/tokengate/envoy/standin"
 	"github.com/tokengate/tokengate/internal/redistest"
 )
@@ -155,16 +156,16 @@ func awaitFinished(t *testing.T, p *served, outcome string, n int) finished {
 	}
 }
 
-// checkCharged reads acme's usage from the served tokengate at admin and
+// checkCharged reads acme's usage from the served tokengate at adminURL and
 // checks that the day's quotas hold exactly tokens and money (in USD), and
 // that acme's slot is free.
-func checkCharged(t *testing.T, bin, admin string, tokens int, money float64) {
+func checkCharged(t *testing.T, bin, adminURL string, tokens int, money float64) {
 	t.Helper()
-	out, err := cli(t, bin, "usage", "--url", admin, "--json", "team=acme")
+	out, err := cli(t, bin, "usage", "--url", adminURL, "--json", "team=acme")
 	if err != nil {
 		t.Fatalf("usage: %v\n%s", err, out)
 	}
-	var rep usageReport
+	var rep admin.UsageReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("usage --json: %v\n%s", err, out)
 	}

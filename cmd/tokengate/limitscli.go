@@ -15,6 +15,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/tokengate/tokengate/admin"
 )
 
 // limitsHelp documents `tokengate limits`.
@@ -104,7 +106,7 @@ func (f *adminFlags) call(ctx context.Context, cmd, method, path string, query u
 	}
 	req.Header.Set("authorization", "Bearer "+tok)
 	for _, id := range ids {
-		req.Header.Add(identityHeader, id)
+		req.Header.Add(admin.IdentityHeader, id)
 	}
 	if body != nil {
 		req.Header.Set("content-type", "application/json")
@@ -119,7 +121,7 @@ func (f *adminFlags) call(ctx context.Context, cmd, method, path string, query u
 		return nil, fmt.Errorf("%s: reading the answer: %w", cmd, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e apiError
+		var e admin.APIError
 		if json.Unmarshal(data, &e) != nil || e.Error.Message == "" {
 			return nil, fmt.Errorf("%s: %s answered %s: %.200s", cmd, f.url, resp.Status, data)
 		}
@@ -164,7 +166,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		var b limitBody
+		var b admin.LimitBody
 		data, err := f.call(ctx, cmd, http.MethodPut, limitPath(rest[0], rest[1]), nil, rest[2:3], body, &b)
 		if err != nil {
 			return err
@@ -182,7 +184,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 			if len(rest) == 1 {
 				path += "/" + url.PathEscape(rest[0])
 			}
-			var l limitList
+			var l admin.LimitList
 			data, err := f.call(ctx, cmd, http.MethodGet, path, nil, nil, nil, &l)
 			if err != nil || f.json {
 				return writeRaw(stdout, data, err)
@@ -194,7 +196,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 			}
 			return tw.Flush()
 		case 3:
-			var b limitBody
+			var b admin.LimitBody
 			data, err := f.call(ctx, cmd, http.MethodGet, limitPath(rest[0], rest[1]), nil, rest[2:3], nil, &b)
 			if err != nil || f.json {
 				return writeRaw(stdout, data, err)
@@ -207,7 +209,7 @@ func runLimits(ctx context.Context, args []string, stdout io.Writer) error {
 		if len(rest) != 3 {
 			return usageError{"limits rm: want POLICY RULE IDENTITY"}
 		}
-		var b limitBody
+		var b admin.LimitBody
 		data, err := f.call(ctx, cmd, http.MethodDelete, limitPath(rest[0], rest[1]), nil, rest[2:3], nil, &b)
 		if err != nil || f.json {
 			return writeRaw(stdout, data, err)
@@ -280,7 +282,7 @@ func runUsage(ctx context.Context, args []string, stdout io.Writer) error {
 			q.Set(k, v)
 		}
 	}
-	var rep usageReport
+	var rep admin.UsageReport
 	data, err := f.call(ctx, "usage", http.MethodGet, "/v1/usage", q, rest, nil, &rep)
 	if err != nil || f.json {
 		return writeRaw(stdout, data, err)

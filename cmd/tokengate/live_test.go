@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/admin"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/redistest"
 )
@@ -99,8 +100,8 @@ func chatHeaders(t *testing.T, front string, hdr map[string]string) (int, http.H
 	return resp.StatusCode, resp.Header
 }
 
-// admin calls the admin API with the token (or another authorization).
-func admin(t *testing.T, method, u, auth, body string) (int, string) {
+// adminCall calls the admin API with the token (or another authorization).
+func adminCall(t *testing.T, method, u, auth, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, u, strings.NewReader(body))
 	if err != nil {
@@ -171,7 +172,7 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 		{"GET", "/v1/limits/default/team/nobody", bearer, "", 404, `no stored override`},
 		{"DELETE", "/v1/limits/default/team/nobody", bearer, "", 404, `no stored override`},
 	} {
-		st, body := admin(t, tt.method, p.admin+tt.path, tt.auth, tt.body)
+		st, body := adminCall(t, tt.method, p.admin+tt.path, tt.auth, tt.body)
 		if st != tt.status || !strings.Contains(body, tt.want) {
 			t.Errorf("%s %s %.30q: %d %s; want %d with %s", tt.method, tt.path, tt.body, st, body, tt.status, tt.want)
 		}
@@ -194,8 +195,8 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 	}
 
 	// A hashed identity: the API takes the raw key, stores its hash.
-	st, body := admin(t, "PUT", p.admin+"/v1/limits/default/apikey/sk-secret-key", bearer, `{"max":1}`)
-	var put limitBody
+	st, body := adminCall(t, "PUT", p.admin+"/v1/limits/default/apikey/sk-secret-key", bearer, `{"max":1}`)
+	var put admin.LimitBody
 	if err := json.Unmarshal([]byte(body), &put); err != nil || st != 200 || !config.ValidIdentityKey(put.Identity) {
 		t.Fatalf("PUT of a hashed identity: %d %s", st, body)
 	}
@@ -214,7 +215,7 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 	if err != nil {
 		t.Fatalf("usage: %v\n%s", err, out)
 	}
-	var rep usageReport
+	var rep admin.UsageReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("usage --json: %v\n%s", err, out)
 	}
@@ -274,7 +275,7 @@ func TestLimitsAPIAndCLI(t *testing.T) {
 		{`{"cost":"$5"}`, `write the number without a currency sign`},
 		{`{"cost":true}`, `want an amount such as \"2000.50\"`},
 	} {
-		if st, body := admin(t, "PUT", p.admin+"/v1/limits/default/team-monthly/acme", bearer, tt.body); st != 400 || !strings.Contains(body, tt.want) {
+		if st, body := adminCall(t, "PUT", p.admin+"/v1/limits/default/team-monthly/acme", bearer, tt.body); st != 400 || !strings.Contains(body, tt.want) {
 			t.Errorf("PUT %s: %d %s; want 400 with %s", tt.body, st, body, tt.want)
 		}
 	}
@@ -319,7 +320,7 @@ func TestAdminAPIDisabled(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "tokengate.yaml")
 	writeFile(t, file, strings.Replace(liveConfig("store: {type: memory}", 1000), "admin_api: {token_env: TG_TEST_ADMIN_TOKEN}\n", "", 1))
 	p := startServe(t, bin, nil, "--config", file)
-	st, body := admin(t, "PUT", p.admin+"/v1/limits/default/team/acme", "Bearer "+adminToken, `{"max":3}`)
+	st, body := adminCall(t, "PUT", p.admin+"/v1/limits/default/team/acme", "Bearer "+adminToken, `{"max":3}`)
 	if st != 403 || !strings.Contains(body, `"code": "admin_api_disabled"`) || !strings.Contains(body, "admin_api.token_env") {
 		t.Errorf("admin API without a token: %d %s", st, body)
 	}
@@ -469,7 +470,7 @@ func TestOverrideReachesTheFleet(t *testing.T) {
 	var delays []time.Duration
 	for i := range 5 {
 		burst := strconv.Itoa(250000 + i)
-		st, body := admin(t, "PUT", a.admin+"/v1/limits/default/team/acme", "Bearer "+adminToken, `{"tokens_per_minute":6000000,"burst":`+burst+`}`)
+		st, body := adminCall(t, "PUT", a.admin+"/v1/limits/default/team/acme", "Bearer "+adminToken, `{"tokens_per_minute":6000000,"burst":`+burst+`}`)
 		changed := time.Now()
 		if st != 200 {
 			t.Fatalf("PUT on gateway A: %d %s", st, body)
@@ -479,7 +480,7 @@ func TestOverrideReachesTheFleet(t *testing.T) {
 		}
 		delays = append(delays, within(frontB, burst, changed))
 	}
-	st, body := admin(t, "DELETE", b.admin+"/v1/limits/default/team/acme", "Bearer "+adminToken, "")
+	st, body := adminCall(t, "DELETE", b.admin+"/v1/limits/default/team/acme", "Bearer "+adminToken, "")
 	changed := time.Now()
 	if st != 200 {
 		t.Fatalf("DELETE on gateway B: %d %s", st, body)
@@ -503,20 +504,20 @@ func TestOverrideReachesTheFleet(t *testing.T) {
 			time.Sleep(5 * time.Millisecond) // polling the other gateway, with the deadline above
 		}
 	}
-	st, body = admin(t, "PUT", a.admin+"/v1/limits/default/team-monthly/acme", "Bearer "+adminToken, `{"cost":"0.000001"}`)
+	st, body = adminCall(t, "PUT", a.admin+"/v1/limits/default/team-monthly/acme", "Bearer "+adminToken, `{"cost":"0.000001"}`)
 	changed = time.Now()
 	if st != 200 {
 		t.Fatalf("PUT of a quota on gateway A: %d %s", st, body)
 	}
 	delays = append(delays, admitted(frontB, false, changed))
-	st, body = admin(t, "DELETE", a.admin+"/v1/limits/default/team-monthly/acme", "Bearer "+adminToken, "")
+	st, body = adminCall(t, "DELETE", a.admin+"/v1/limits/default/team-monthly/acme", "Bearer "+adminToken, "")
 	changed = time.Now()
 	if st != 200 {
 		t.Fatalf("DELETE of a quota on gateway A: %d %s", st, body)
 	}
 	delays = append(delays, admitted(frontB, true, changed))
 	slices.Sort(delays)
-	t.Logf("a change on one gateway applied on the other after %v (sorted; the store is polled every %v)", delays, overridePoll)
+	t.Logf("a change on one gateway applied on the other after %v (sorted; the store is polled every %v)", delays, admin.DefaultPoll)
 	a.stop(t)
 	b.stop(t)
 }

@@ -100,7 +100,7 @@ func (r *reloader) reload(trigger string) {
 		log.Error("configuration not reloaded: it is invalid; the configuration in force keeps serving", "err", err.Error())
 		return
 	}
-	if keys := r.parts.cfg.Load().NeedsRestart(cfg); len(keys) > 0 {
+	if keys := r.parts.admin.Config().NeedsRestart(cfg); len(keys) > 0 {
 		r.parts.metrics.Reloaded(metrics.ReloadRestartRequired)
 		log.Error("configuration not reloaded: it changes keys that only a restart applies (a reload applies policies and default_policy); the configuration in force keeps serving",
 			"keys", keys)
@@ -113,4 +113,17 @@ func (r *reloader) reload(trigger string) {
 	}
 	r.parts.metrics.Reloaded(metrics.ReloadApplied)
 	log.Info("configuration reloaded: new requests follow it", "policies", len(cfg.Policies), "default_policy", cfg.DefaultPolicy)
+}
+
+// apply makes cfg the configuration in force: its policies for new
+// requests, its overrides, and the stored overrides checked against it.
+// cfg is validated and needs no restart (config.NeedsRestart).
+func (p *parts) apply(cfg *config.Config) error {
+	pols, err := policies(cfg)
+	if err != nil {
+		return err
+	}
+	p.server.Reload(pols, cfg.DefaultPolicy)
+	p.admin.SetConfig(cfg)
+	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tokengate/tokengate/admin"
 	"github.com/tokengate/tokengate/config"
 )
 
@@ -132,7 +133,7 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	var background sync.WaitGroup
 	defer background.Wait()
 	defer stopBG()
-	background.Go(func() { parts.live.run(bg, overridePoll) })
+	background.Go(func() { parts.admin.Run(bg, admin.DefaultPoll) })
 	reload := newReloader(src, parts, logger)
 	background.Go(func() { reload.run(bg) })
 
@@ -159,12 +160,12 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("envoy.service.ext_proc.v3.ExternalProcessor", healthpb.HealthCheckResponse_SERVING)
 
-	admin := &http.Server{Handler: parts.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+	as := &http.Server{Handler: parts.admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(ls.grpc) }()
 	go func() {
-		if err := admin.Serve(ls.admin); !errors.Is(err, http.ErrServerClosed) {
+		if err := as.Serve(ls.admin); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
 		}
 	}()
@@ -203,7 +204,7 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	parts.drain(sctx, cfg.Store.ReplayFile, logger)
 	actx, acancel := context.WithTimeout(context.Background(), time.Second)
 	defer acancel()
-	_ = admin.Shutdown(actx)
+	_ = as.Shutdown(actx)
 	logger.Info("stopped")
 	return serveErr
 }

@@ -13,6 +13,8 @@ package provider
 // reader runs, with its errors. It therefore never changes what Observe
 // returns; it only returns it sooner.
 
+import "github.com/tokengate/tokengate/internal/jsonstr"
+
 // maxFastChoices is the number of choices a chunk may carry for the
 // one-pass reader; more go to the general reader.
 const maxFastChoices = 8
@@ -135,10 +137,7 @@ func plainKey(b []byte, i int) (key []byte, valueStart int, ok bool) {
 	if i >= len(b) || b[i] != '"' {
 		return nil, 0, false
 	}
-	j := i + 1
-	for j < len(b) && !stringSpecial[b[j]] {
-		j++
-	}
+	j := jsonstr.Plain(b, i+1)
 	if j >= len(b) || b[j] != '"' {
 		return nil, 0, false // an escape or a control character: the general reader decides
 	}

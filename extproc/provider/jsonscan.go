@@ -2,15 +2,16 @@ package provider
 
 import (
 	"fmt"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/tokengate/tokengate/internal/jsonstr"
 )
 
 // This file holds a small targeted JSON reader. A streamed response carries
 // hundreds of events, of which tokengate reads a handful of members; decoding
 // each event into maps would allocate per event on the hot path. The reader
 // walks the bytes in place instead: it skips the values it does not need and
-// returns offsets of the ones it does. Object keys are compared as raw bytes,
+// returns offsets of the ones it does; strings are read by package jsonstr,
+// as request bodies are. Object keys are compared as raw bytes,
 // so a key spelled with escapes ("us\u0061ge") does not match; no provider
 // sends such keys.
 
@@ -158,47 +159,14 @@ func skipNumber(b []byte, i int) (int, error) {
 }
 
 // skipString returns the offset just past the string whose opening quote is
-// at b[i].
+// at b[i] (package jsonstr reads it).
 func skipString(b []byte, i int) (int, error) {
-	start := i
-	for i++; i < len(b); i++ {
-		c := b[i]
-		if !stringSpecial[c] {
-			continue
-		}
-		switch {
-		case c == '"':
-			return i + 1, nil
-		case c == '\\':
-			if i+1 >= len(b) {
-				return start, errAt(start, "unterminated string")
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i++
-			case 'u':
-				if _, ok := hex4(b[i+2:]); !ok {
-					return i, errAt(i, "invalid \\u escape in string")
-				}
-				i += 5
-			default:
-				return i, errAt(i, "invalid escape %q in string", b[i+1])
-			}
-		default:
-			return i, errAt(i, "control character in string")
-		}
+	end, err := jsonstr.Scan(b, i)
+	if e, ok := err.(*jsonstr.Error); ok {
+		return i, errAt(e.Off, "%s", e.What)
 	}
-	return start, errAt(start, "unterminated string")
+	return end, err
 }
-
-// stringSpecial marks the bytes that end a plain run inside a JSON string.
-var stringSpecial = func() (t [256]bool) {
-	for c := range 0x20 {
-		t[c] = true
-	}
-	t['"'], t['\\'] = true, true
-	return t
-}()
 
 // object iterates over the members of a JSON object in place.
 type object struct {
@@ -362,84 +330,12 @@ func parseCount(v []byte) (int, error) {
 }
 
 // appendUnquoted appends the decoded contents of the raw JSON string s
-// (quotes included) to dst. Invalid escapes are an error; unpaired
-// surrogates decode to U+FFFD as in encoding/json.
+// (quotes included), as the reader found it, to dst (package jsonstr
+// decodes it as encoding/json does). A value that is not a string is an
+// error.
 func appendUnquoted(dst, s []byte) ([]byte, error) {
 	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
 		return dst, fmt.Errorf("want a JSON string, got %.40q", s)
 	}
-	s = s[1 : len(s)-1]
-	for len(s) > 0 {
-		j := 0
-		for j < len(s) && s[j] != '\\' {
-			j++
-		}
-		dst = append(dst, s[:j]...)
-		s = s[j:]
-		if len(s) == 0 {
-			break
-		}
-		if len(s) < 2 {
-			return dst, fmt.Errorf("truncated escape in JSON string")
-		}
-		switch c := s[1]; c {
-		case '"', '\\', '/':
-			dst = append(dst, c)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r, ok := hex4(s[2:])
-			if !ok {
-				return dst, fmt.Errorf("invalid \\u escape in JSON string")
-			}
-			s = s[6:]
-			if utf16.IsSurrogate(r) {
-				r2, ok := rune(-1), false
-				if len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
-					r2, ok = hex4(s[2:])
-				}
-				if dec := utf16.DecodeRune(r, r2); ok && dec != utf8.RuneError {
-					s = s[6:]
-					r = dec
-				} else {
-					r = utf8.RuneError
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
-		default:
-			return dst, fmt.Errorf("invalid escape %q in JSON string", c)
-		}
-		s = s[2:]
-	}
-	return dst, nil
-}
-
-func hex4(s []byte) (rune, bool) {
-	if len(s) < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range s[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c = c - 'a' + 10
-		case c >= 'A' && c <= 'F':
-			c = c - 'A' + 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
-	}
-	return r, true
+	return jsonstr.Append(dst, s[1:len(s)-1]), nil
 }

@@ -167,7 +167,7 @@ func TestObserveErrors(t *testing.T) {
 		{"trailing data", tokenizer.Completions, "data: {} {}\n\n", `completions event: invalid JSON at offset 3: data after the JSON value`},
 		{"negative usage", tokenizer.ChatCompletions, `data: {"choices":[],"usage":{"prompt_tokens":-3}}` + "\n\n", `chat event: usage: prompt_tokens: token count "-3" is not a non-negative integer`},
 		{"usage not an object", tokenizer.ChatCompletions, `data: {"usage":"lots"}` + "\n\n", `chat event: usage: invalid JSON at offset 0: want an object`},
-		{"bad escape", tokenizer.ChatCompletions, `data: {"choices":[{"delta":{"content":"\x"}}]}` + "\n\n", `chat event: invalid JSON at offset 33: invalid escape 'x' in string`},
+		{"bad escape", tokenizer.ChatCompletions, `data: {"choices":[{"delta":{"content":"\x"}}]}` + "\n\n", `chat event: invalid JSON at offset 34: invalid escape in a string`},
 		{"anthropic start without message", tokenizer.Messages, `data: {"type":"message_start"}` + "\n\n", `messages event: message_start without message`},
 		{"anthropic fractional count", tokenizer.Messages, `data: {"type":"message_delta","usage":{"output_tokens":1.5}}` + "\n\n", `messages event: usage: output_tokens: token count "1.5" is not a non-negative integer`},
 		{"responses bad sequence", tokenizer.Responses, `data: {"type":"x","sequence_number":"7"}` + "\n\n", `responses event: sequence_number: token count "\"7\"" is not a non-negative integer`},

@@ -82,24 +82,24 @@ func TestParseUsageErrors(t *testing.T) {
 	}
 }
 
-// TestAppendUnquoted checks string decoding against encoding/json.
+// TestAppendUnquoted: a raw string value decodes as encoding/json decodes
+// it (package jsonstr's differential tests hold it to encoding/json on
+// every kind of string); a value that is not a string is an error and
+// appends nothing.
 func TestAppendUnquoted(t *testing.T) {
-	for _, in := range []string{
-		`""`, `"plain"`, `"\"\\\/\b\f\n\r\t"`, `"\u00e9\u20AC"`, `"\ud83d\ude00"`,
-		`"\ud83d"`, `"\ude00x"`, `"\ud83d\u0041"`, `"a\u0000b"`, `"ünïcödé 😀"`,
-	} {
+	for _, in := range []string{`""`, `"plain"`, `"\"\\\/\n"`, `"\ud83d\ude00"`, `"\ud83d"`} {
 		var want string
 		if err := json.Unmarshal([]byte(in), &want); err != nil {
 			t.Fatalf("%s: %v", in, err)
 		}
-		got, err := appendUnquoted(nil, []byte(in))
-		if err != nil || string(got) != want {
-			t.Errorf("appendUnquoted(%s) = %q, %v; want %q", in, got, err, want)
+		got, err := appendUnquoted([]byte("x"), []byte(in))
+		if err != nil || string(got) != "x"+want {
+			t.Errorf("appendUnquoted(%s) = %q, %v; want %q", in, got, err, "x"+want)
 		}
 	}
-	for _, in := range []string{`"\x"`, `"\u12"`, `"\uZZZZ"`, `"abc\"`, `abc`} {
-		if _, err := appendUnquoted(nil, []byte(in)); err == nil {
-			t.Errorf("appendUnquoted(%s) succeeded, want an error", in)
+	for _, in := range []string{`null`, `12`, `"`, `abc`, ``} {
+		if got, err := appendUnquoted([]byte("x"), []byte(in)); err == nil || string(got) != "x" {
+			t.Errorf("appendUnquoted(%s) = %q, %v; want an error and nothing appended", in, got, err)
 		}
 	}
 }

@@ -1,8 +1,7 @@
-package main
+package admin
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -13,30 +12,15 @@ import (
 	"github.com/tokengate/tokengate/metrics"
 )
 
-// overridePoll is how often a gateway reads the override store's version:
-// a change made on any gateway of the fleet applies on every other within
-// this, plus the time to load the overrides.
-const overridePoll = 250 * time.Millisecond
-
-// overrideStore keeps limit overrides: buckets.MemoryOverrides for one
-// gateway, the Redis store's for a fleet.
-type overrideStore interface {
-	Put(ctx context.Context, k buckets.OverrideKey, value []byte) (string, error)
-	Get(ctx context.Context, k buckets.OverrideKey) ([]byte, bool, error)
-	Delete(ctx context.Context, k buckets.OverrideKey) (bool, string, error)
-	Version(ctx context.Context) (string, error)
-	Load(ctx context.Context) (buckets.OverrideSet, error)
-}
-
-// liveLimits keeps the server's per-identity overrides in step with the
+// liveLimits keeps the gateway's per-identity overrides in step with the
 // configuration file's overrides and the store's: it merges the two (the
-// store's win) into one immutable table that the server swaps in whole, so
-// a request looks its limits up in memory, never in the store. It is safe
-// for concurrent use.
+// store's win) into one immutable table that the gateway swaps in whole,
+// so a request looks its limits up in memory, never in the store. It is
+// safe for concurrent use.
 type liveLimits struct {
-	store  overrideStore
-	server *extproc.Server
-	logger *slog.Logger
+	store   OverrideStore
+	gateway *extproc.Server
+	logger  *slog.Logger
 	// metrics counts the overrides in force and failed reads of the
 	// store.
 	metrics *metrics.Metrics
@@ -50,8 +34,8 @@ type liveLimits struct {
 	loaded bool
 }
 
-func newLiveLimits(store overrideStore, server *extproc.Server, cfg *config.Config, logger *slog.Logger, m *metrics.Metrics) *liveLimits {
-	l := &liveLimits{store: store, server: server, cfg: cfg, logger: logger, metrics: m}
+func newLiveLimits(store OverrideStore, gateway *extproc.Server, cfg *config.Config, logger *slog.Logger, m *metrics.Metrics) *liveLimits {
+	l := &liveLimits{store: store, gateway: gateway, cfg: cfg, logger: logger, metrics: m}
 	l.mu.Lock()
 	l.applyLocked()
 	l.mu.Unlock()
@@ -125,7 +109,7 @@ func (l *liveLimits) run(ctx context.Context, every time.Duration) {
 }
 
 // applyLocked builds the table of overrides in force and gives it to the
-// server. A stored override that the configuration no longer allows (its
+// gateway. A stored override that the configuration no longer allows (its
 // rule was removed or changed kind) is left out and logged.
 func (l *liveLimits) applyLocked() {
 	table := extproc.Overrides{}
@@ -136,13 +120,13 @@ func (l *liveLimits) applyLocked() {
 			if err != nil {
 				continue // a loaded configuration has none such
 			}
-			ov, err := override(o.Limits)
+			ov, err := OverrideOf(o.Limits)
 			if err != nil {
 				continue // a loaded configuration has none such
 			}
 			id := o.IdentityKey
 			if id == "" {
-				id = identityKey(t, o.Identity)
+				id = IdentityKey(t, o.Identity)
 			}
 			table[extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}] = ov
 			file++
@@ -156,7 +140,7 @@ func (l *liveLimits) applyLocked() {
 		}
 		var ov extproc.Override
 		if err == nil {
-			ov, err = override(lim)
+			ov, err = OverrideOf(lim)
 		}
 		if err != nil {
 			l.logger.Warn("a stored limit override does not fit the configuration and is not applied; remove it with tokengate limits rm",
@@ -166,46 +150,26 @@ func (l *liveLimits) applyLocked() {
 		table[extproc.OverrideKey(k)] = ov
 		stored++
 	}
-	l.server.SetOverrides(table)
+	l.gateway.SetOverrides(table)
 	l.metrics.OverridesInForce(file, stored)
 }
 
-// identityKey is the form an identity value given by an operator takes in
+// IdentityKey is the form an identity value given by an operator takes in
 // store keys: exactly the form requests' values take (extproc).
-func identityKey(t config.OverrideTarget, value string) string {
+func IdentityKey(t config.OverrideTarget, value string) string {
 	if t.Per == "model" {
 		return extproc.ModelKey(value)
 	}
 	return extproc.IdentityKey(value, t.Hash)
 }
 
-// override maps validated limits onto the server's terms. The error says
-// why a cost is not an amount, which validated limits never have.
-func override(l config.Limits) (extproc.Override, error) {
+// OverrideOf maps validated limits onto the gateway's terms: an override
+// of the API or the file, or a tier's limits. The error says why a cost is
+// not an amount, which validated limits never have.
+func OverrideOf(l config.Limits) (extproc.Override, error) {
 	tokens, money, err := l.Budgets()
 	if err != nil {
 		return extproc.Override{}, err
 	}
 	return extproc.Override{Limit: l.Limit(), Max: l.Max, Tokens: tokens, Money: money}, nil
-}
-
-// tiers maps a policy's tier source and tiers onto the server's terms.
-func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override, error) {
-	if cp.Tier == nil {
-		return nil, nil, nil
-	}
-	src := &extproc.Identity{Name: "tier", Header: cp.Tier.Header, Metadata: cp.Tier.Metadata, Path: cp.Tier.Path}
-	out := make(map[string]map[string]extproc.Override, len(cp.Tiers))
-	for _, t := range cp.Tiers {
-		rules := make(map[string]extproc.Override, len(t.Limits))
-		for _, rl := range t.Limits {
-			ov, err := override(rl.Limits)
-			if err != nil {
-				return nil, nil, fmt.Errorf("tier %q, rule %q: %w", t.Name, rl.Rule, err)
-			}
-			rules[rl.Rule] = ov
-		}
-		out[t.Name] = rules
-	}
-	return src, out, nil
 }
