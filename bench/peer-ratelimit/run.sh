@@ -17,7 +17,9 @@
 #
 # Environment (defaults): N=20000 decisions per system, level and round;
 # WARMUP=2000; CONC=1,16,64; ROUNDS=3; CONNS=2 (gRPC connections per system);
-# USERS=1000; HITS=500; SYSTEMS=rl1,rl2,tg; OUT_DIR=$TMPDIR/peer-ratelimit-results;
+# USERS=1000; HITS=500; SYSTEMS=rl1,rl2,tg (and bare: the same ext_proc exchange
+# with a server that answers every message at once, the protocol's floor);
+# OUT_DIR=$TMPDIR/peer-ratelimit-results;
 # REDIS_SERVER=redis-server; RATELIMIT_COMMIT (recorded in the results; the
 # binary carries no VCS stamp when built by go build ./src/service_cmd);
 # TG_BUCKET_EXTRA (one more YAML line for tokengate's user bucket, e.g. "lease: auto");
@@ -76,8 +78,8 @@ else
 	(cd "$TOKENGATE_SRC" && go build -mod=readonly -o "$TMP/tokengate" ./cmd/tokengate) || die "tokengate build failed"
 fi
 
-read -r P_REDIS P_RL_GRPC P_RL_HTTP P_RL_DEBUG P_TG_GRPC P_TG_ADMIN P_STATSD < <("$TMP/peerdriver" -freeports 7 | tr '\n' ' ')
-[ -n "$P_STATSD" ] || die "no free ports"
+read -r P_REDIS P_RL_GRPC P_RL_HTTP P_RL_DEBUG P_TG_GRPC P_TG_ADMIN P_STATSD P_BARE < <("$TMP/peerdriver" -freeports 8 | tr '\n' ' ')
+[ -n "$P_BARE" ] || die "no free ports"
 case "$RL_STATS" in
 statsd)
 	if [ "$PEER" = 1 ]; then
@@ -120,6 +122,14 @@ EOF
 		"$RATELIMIT_BIN" >"$TMP/ratelimit.log" 2>&1 &
 	PIDS+=($!); RL_PID=$!
 fi
+
+BARE_PID=0
+case ",$SYSTEMS," in
+*,bare,*)
+	echo "== bare ext_proc server on 127.0.0.1:$P_BARE"
+	"$TMP/peerdriver" -bare-server "127.0.0.1:$P_BARE" &
+	PIDS+=($!); BARE_PID=$! ;;
+esac
 
 echo "== tokengate on 127.0.0.1:$P_TG_GRPC"
 cat >"$TMP/tokengate.yaml" <<EOF
@@ -188,6 +198,7 @@ t_start=$(date +%s)
 "$TMP/peerdriver" -rls "127.0.0.1:$P_RL_GRPC" -rls-pid "$RL_PID" \
 	-tg "127.0.0.1:$P_TG_GRPC" -tg-pid "$TG_PID" -redis "127.0.0.1:$P_REDIS" \
 	-tgrls "${TGRLS_ADDR:-127.0.0.1:$P_TG_GRPC}" -tgrls-pid "$TG_PID" \
+	-bare "127.0.0.1:$P_BARE" -bare-pid "$BARE_PID" \
 	-n "$N" -warmup "$WARMUP" -conc "$CONC" -rounds "$ROUNDS" -conns "$CONNS" \
 	-users "$USERS" -hits "$HITS" -systems "$SYSTEMS" -out "$OUT_DIR/run-$stamp.jsonl" 2>&1 | tee -a "$txt"
 rc=${PIPESTATUS[0]}

@@ -18,6 +18,9 @@
 //	     request_body (reserve), response_headers, response_body with usage
 //	     (settle); the client half-closes and waits for the server to end the
 //	     stream, which it does only after settlement.
+//	bare the same exchange with a server that answers every message at once
+//	     and does nothing else (-bare-server): what the protocol itself costs,
+//	     the floor of any ext_proc server.
 //
 // Rounds interleave the systems (order rotated per round) at every
 // concurrency level, so machine noise hits all of them.
@@ -58,6 +61,9 @@ var (
 	rlsPID    = flag.Int("rls-pid", 0, "ratelimit server PID (CPU from /proc)")
 	tgAddr    = flag.String("tg", "", "tokengate ext_proc gRPC address (host:port)")
 	tgPID     = flag.Int("tg-pid", 0, "tokengate server PID")
+	bareAddr  = flag.String("bare", "", "address of a bare ext_proc server (-bare-server), for system bare")
+	barePID   = flag.Int("bare-pid", 0, "PID of the bare ext_proc server")
+	bareServe = flag.String("bare-server", "", "run only a bare ext_proc server on this address: it answers every message at once with an empty CONTINUE (the response body echoed as a streamed response, end of stream with it)")
 	trAddr    = flag.String("tgrls", "", "tokengate's RateLimitService address (systems tr1, tr2: the rl1 and rl2 shapes sent to tokengate)")
 	trPID     = flag.Int("tgrls-pid", 0, "PID of the tokengate serving -tgrls")
 	redisAddr = flag.String("redis", "", "redis address shared by both (INFO cpu / commandstats)")
@@ -124,6 +130,10 @@ func main() {
 		discardTCP(*statsSink)
 		return
 	}
+	if *bareServe != "" {
+		serveBare(*bareServe)
+		return
+	}
 	levels := parseInts(*concList)
 	sysNames := strings.Split(*systems, ",")
 
@@ -146,6 +156,11 @@ func main() {
 				fatalf("-tg is required for tg")
 			}
 			pids[s] = *tgPID
+		case "bare":
+			if *bareAddr == "" {
+				fatalf("-bare is required for bare")
+			}
+			pids[s] = *barePID
 		default:
 			fatalf("unknown system %q", s)
 		}
@@ -168,6 +183,12 @@ func main() {
 		for range *conns {
 			cc := dial(*tgAddr)
 			tgClients = append(tgClients, extprocv3.NewExternalProcessorClient(cc))
+		}
+	}
+	var bareClients []extprocv3.ExternalProcessorClient
+	if *bareAddr != "" {
+		for range *conns {
+			bareClients = append(bareClients, extprocv3.NewExternalProcessorClient(dial(*bareAddr)))
 		}
 	}
 	rlShape1 := func(clients *[]rlsv3.RateLimitServiceClient) op {
@@ -209,6 +230,9 @@ func main() {
 	}
 	ops["tg"] = func(ctx context.Context, w int, i int64) (time.Duration, error) {
 		return extProcExchange(ctx, tgClients[w%len(tgClients)], userID(i), i)
+	}
+	ops["bare"] = func(ctx context.Context, w int, i int64) (time.Duration, error) {
+		return extProcExchange(ctx, bareClients[w%len(bareClients)], userID(i), i)
 	}
 
 	var out *os.File
@@ -473,6 +497,53 @@ func offPath(ctx context.Context, fn func(context.Context) error) error {
 		}
 	}()
 	return nil
+}
+
+// bareServer answers every message of a stream at once and does nothing
+// else.
+type bareServer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (bareServer) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := s.Recv()
+		if err != nil {
+			return nil
+		}
+		var resp *extprocv3.ProcessingResponse
+		switch r := req.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
+				Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: r.ResponseBody.GetBody(), EndOfStream: r.ResponseBody.GetEndOfStream()},
+				}}},
+			}}}
+		default:
+			continue
+		}
+		if err := s.Send(resp); err != nil {
+			return nil
+		}
+	}
+}
+
+func serveBare(addr string) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	g := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(g, bareServer{})
+	if err := g.Serve(l); err != nil {
+		fatalf("%v", err)
+	}
 }
 
 // ---- measurement ----
@@ -756,7 +827,7 @@ func summarize(all []result, levels []int, sysNames []string) {
 		}
 	}
 	// per-round ratios: tg / rl1, tg / rl2, and tokengate's RLS front against the same shapes
-	for _, pair := range [][2]string{{"tg", "rl1"}, {"tg", "rl2"}, {"tr1", "rl1"}, {"tr2", "rl2"}} {
+	for _, pair := range [][2]string{{"tg", "rl1"}, {"tg", "rl2"}, {"bare", "rl2"}, {"tg", "bare"}, {"tr1", "rl1"}, {"tr2", "rl2"}} {
 		sys, base := pair[0], pair[1]
 		if !contains(sysNames, sys) || !contains(sysNames, base) {
 			continue
