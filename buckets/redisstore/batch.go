@@ -185,17 +185,18 @@ func (s *Store) arm(l *lane) {
 	if l.timer != nil {
 		return
 	}
+	// t is written here and read by flushLane, both under l.mu.
 	var t stopper
-	t = s.afterFunc(s.window, func() { s.flushLane(l, t) })
+	t = s.afterFunc(s.window, func() { s.flushLane(l, &t) })
 	l.timer = t
 }
 
-// flushLane sends the lane's queued ops when timer t is the lane's (not
+// flushLane sends the lane's queued ops when timer *t is the lane's (not
 // one stopped after it fired) and it has a call to spare; if not, the
 // calls in flight take them when they end.
-func (s *Store) flushLane(l *lane, t stopper) {
+func (s *Store) flushLane(l *lane, t *stopper) {
 	l.mu.Lock()
-	if l.timer != t {
+	if l.timer != *t {
 		l.mu.Unlock()
 		return
 	}
