@@ -449,3 +449,58 @@ func scriptCalls(t *testing.T, c *redis.Client) int {
 	}
 	return evalshaCallsIn(t, info)
 }
+
+// TestSettleKeepsOrExtendsTheTTL: a bucket key lives until its bucket
+// would be full again. A settlement that gives tokens back keeps the key's
+// TTL, which covers the refill from the lower level the reserve left; one
+// that charges usage beyond the reservation sets the longer TTL the debt
+// needs (S9).
+func TestSettleKeepsOrExtendsTheTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := New(c, Options{})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "b", Key: "ttl", Limit: buckets.Limit{Capacity: 1000, Rate: 1}} // no floor
+	key := st.bucketKey(b.Key)
+	// fullIn is the time the bucket at level needs to refill to full.
+	fullIn := func(level float64) time.Duration { return time.Duration((1000 - level) * float64(time.Second)) }
+	pttl := func() time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	reserve := func() *buckets.Reservation {
+		t.Helper()
+		d, err := st.Reserve(ctx, buckets.Request{Cost: 100, Buckets: []buckets.Bucket{b}})
+		if err != nil || !d.OK {
+			t.Fatalf("Reserve = %+v, %v", d, err)
+		}
+		return d.Reservation
+	}
+	settle := func(r *buckets.Reservation, actual float64) float64 {
+		t.Helper()
+		states, err := st.Settle(ctx, r, actual)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return states[0].Remaining
+	}
+	r := reserve()
+	if got := pttl(); got < fullIn(900) {
+		t.Fatalf("after the reserve: TTL %v, want at least %v", got, fullIn(900))
+	}
+	before := pttl()
+	level := settle(r, 10) // 90 back
+	if got := pttl(); got < fullIn(level) || got > before {
+		t.Errorf("after a refund to %v: TTL %v, want the reserve's (%v at most), at least %v", level, got, before, fullIn(level))
+	}
+	r = reserve()
+	level = settle(r, 6000) // 5,900 beyond the reservation: deep in debt
+	if got := pttl(); got < fullIn(level) {
+		t.Errorf("after a debt down to %v: TTL %v, want at least %v", level, got, fullIn(level))
+	}
+}
