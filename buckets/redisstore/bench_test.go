@@ -73,7 +73,9 @@ func BenchmarkReserveSettle(b *testing.B) {
 // request through Envoy and tokengate on the machine of the peer benchmark,
 // and no more than about 3,300 requests a second in all, what one
 // tokengate there reaches.
-func gatewayGap(callers int) time.Duration { return max(time.Millisecond, time.Duration(callers)*300*time.Microsecond) }
+func gatewayGap(callers int) time.Duration {
+	return max(time.Millisecond, time.Duration(callers)*300*time.Microsecond)
+}
 
 // benchUsers is how many users the callers of BenchmarkReserveSettle take
 // turns at, as the peer benchmark's do.
