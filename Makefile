@@ -1,7 +1,7 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test build redis prometheus chromium bench
+.PHONY: demo test build redis prometheus chromium bench bench-peer
 
 demo:
 	$(GO) run ./cmd/tokengate demo
@@ -34,3 +34,11 @@ chromium:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# tokengate next to envoyproxy/ratelimit on one redis-server, rounds
+# interleaved, and the table of their ratios (bench/peer-ratelimit/README.md):
+#   make bench-peer RATELIMIT_BIN=<ratelimit binary> RATELIMIT_COMMIT=<its commit>
+# with its knobs in the environment (N, CONC, ROUNDS, SYSTEMS, TG_BUCKET_EXTRA...).
+bench-peer: redis
+	@test -n "$(RATELIMIT_BIN)" || { echo "make bench-peer: set RATELIMIT_BIN to a ratelimit binary (go build ./src/service_cmd in a checkout of github.com/envoyproxy/ratelimit)"; exit 2; }
+	RATELIMIT_BIN="$(RATELIMIT_BIN)" bench/peer-ratelimit/run.sh

@@ -56,6 +56,9 @@ type processor struct {
 	req  request
 	resp response
 	st   settlement
+	// sentCounts is what the last dynamic metadata sent said (see
+	// metadata).
+	sentCounts metadataCounts
 
 	started time.Time // the request's headers arrived (Config.Now)
 }
@@ -106,6 +109,15 @@ type response struct {
 	firstOutput time.Time // the first output text of a stream arrived
 	streamResp  *extprocv3.ProcessingResponse
 	streamBody  *extprocv3.StreamedBodyResponse
+}
+
+// metadataCounts are the values of the dynamic metadata (S24); sent tells
+// them from the zero value, before any was sent.
+type metadataCounts struct {
+	input, reserved, settled int
+	output                   int64
+	decision                 string
+	final, sent              bool
 }
 
 // settlement is the reservation and what settling it charged (S8). mu
@@ -511,16 +523,28 @@ func (p *processor) immediate(r reply, send sendFunc) error {
 	return send(r.proto(p.api(), p.s.cfg.Now(), p.metadata(false)))
 }
 
-// metadata is the dynamic metadata of the running counts (S24).
+// metadata is the dynamic metadata of the running counts (S24), or nil
+// when an earlier answer of the stream carried the same: Envoy merges the
+// metadata of every answer, so sending it again changes nothing there
+// (and costs marshalling a map on both sides).
 func (p *processor) metadata(final bool) *structpb.Struct {
+	counts := metadataCounts{input: p.req.count.InputTokens, output: p.st.output.Load(), reserved: p.reservedTokens(),
+		decision: p.req.decision, final: final, sent: true}
+	if final {
+		counts.settled = p.settlement().actual
+	}
+	if p.sentCounts == counts {
+		return nil
+	}
+	p.sentCounts = counts
 	fields := map[string]*structpb.Value{
-		"input_tokens":    structpb.NewNumberValue(float64(p.req.count.InputTokens)),
-		"output_tokens":   structpb.NewNumberValue(float64(p.st.output.Load())),
-		"reserved_tokens": structpb.NewNumberValue(float64(p.reservedTokens())),
-		"decision":        structpb.NewStringValue(p.req.decision),
+		"input_tokens":    structpb.NewNumberValue(float64(counts.input)),
+		"output_tokens":   structpb.NewNumberValue(float64(counts.output)),
+		"reserved_tokens": structpb.NewNumberValue(float64(counts.reserved)),
+		"decision":        structpb.NewStringValue(counts.decision),
 	}
 	if final {
-		fields["settled_tokens"] = structpb.NewNumberValue(float64(p.settlement().actual))
+		fields["settled_tokens"] = structpb.NewNumberValue(float64(counts.settled))
 	}
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
 		p.s.cfg.Namespace: structpb.NewStructValue(&structpb.Struct{Fields: fields}),

@@ -172,7 +172,10 @@ func (p *processor) forward(body []byte, md *structpb.Struct, send sendFunc) err
 	defer func() { p.req.body = nil }()
 	switch {
 	case !p.duplexRequest() && p.req.trailers:
-		return nil // every body message is answered: the trailers answer lets the request on
+		// Every body message is answered: the trailers answer lets the
+		// request on, and carries md instead.
+		p.sentCounts = metadataCounts{}
+		return nil
 	case !p.duplexRequest():
 		return p.letOn(func() error { return send(requestBodyResponse(body, md)) })
 	}

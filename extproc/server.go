@@ -37,6 +37,9 @@ type Server struct {
 	reloadMu  sync.Mutex // serializes Reload
 	pauses    sync.Map   // bucket key → time.Time: provider pauses seen here (S18)
 
+	// loops runs the streams' loops (streamLoop); Shutdown closes it.
+	loops *goroutines
+
 	mu      sync.Mutex
 	closing bool
 	open    map[*processor]struct{}
@@ -50,7 +53,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, fmt.Errorf("extproc config: %w", err)
 	}
-	s := &Server{cfg: cfg, open: map[*processor]struct{}{}}
+	s := &Server{cfg: cfg, open: map[*processor]struct{}{}, loops: newGoroutines()}
 	s.live.Store(newPolicySet(cfg.Policies, cfg.DefaultPolicy, nil))
 	s.overrides.Store(&Overrides{})
 	return s, nil
@@ -66,70 +69,149 @@ func (s *Server) Register(g *grpc.Server) {
 // while the request is still being metered by its own choice: it returns
 // when Envoy ends the stream, or with DEADLINE_EXCEEDED when Envoy sent
 // nothing for StreamIdleTimeout.
+//
+// Recv blocks until Envoy sends or the stream ends, and only returning
+// from Process ends a stream, so the messages are received and handled on
+// a goroutine of its own (see stream), which ends with the stream; Process
+// waits for it or for the idle limit.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
 	p, err := s.start(ctx)
 	if err != nil {
 		return err
 	}
-	defer s.stop(p)
-	// Recv blocks until Envoy sends or the stream ends: it runs on a
-	// goroutine of its own so that the idle limit can end the stream; that
-	// goroutine ends with the stream. It reads one message ahead.
-	msgs := make(chan received, 1)
-	go receive(ctx, stream, msgs)
+	st := &streamLoop{s: s, p: p, stream: stream, end: make(chan error, 1)}
+	st.heard.Store(time.Now().UnixNano())
+	s.loops.run(st.run)
 	idle := time.NewTimer(s.cfg.StreamIdleTimeout)
 	defer idle.Stop()
 	for {
-		var m received
 		select {
-		case m = <-msgs:
-		case <-ctx.Done():
-			return nil // Envoy ended the stream
-		case <-idle.C:
-			p.logAt(slog.LevelWarn, "stream ended: Envoy sent nothing within the idle limit", "limit", s.cfg.StreamIdleTimeout)
-			return status.Error(codes.DeadlineExceeded, "ext_proc stream idle")
-		}
-		if m.err != nil {
-			if errors.Is(m.err, io.EOF) || status.Code(m.err) == codes.Canceled || errors.Is(m.err, context.Canceled) {
-				return nil
-			}
-			return m.err
-		}
-		idle.Reset(s.cfg.StreamIdleTimeout)
-		if p.done {
-			continue // after an immediate response or a cut-off, Envoy may still send what was in flight
-		}
-		if err := p.handle(m.req, stream.Send); err != nil {
-			if status.Code(err) != codes.Unknown {
+		case err := <-st.end:
+			if err == nil || status.Code(err) != codes.Unknown {
 				return err
 			}
 			return status.Error(codes.Internal, err.Error())
+		case <-idle.C:
 		}
+		// The limit counts from the last message, which the loop notes
+		// without touching the timer: rearm for what is left of it.
+		if left := s.cfg.StreamIdleTimeout - time.Since(time.Unix(0, st.heard.Load())); left > 0 {
+			idle.Reset(left)
+			continue
+		}
+		if !st.state.CompareAndSwap(waiting, over) {
+			idle.Reset(s.cfg.StreamIdleTimeout) // a message is being handled
+			continue
+		}
+		p.logAt(slog.LevelWarn, "stream ended: Envoy sent nothing within the idle limit", "limit", s.cfg.StreamIdleTimeout)
+		s.stop(p)
+		return status.Error(codes.DeadlineExceeded, "ext_proc stream idle")
 	}
 }
 
-// received is one result of Recv.
-type received struct {
-	req *extprocv3.ProcessingRequest
-	err error
+// streamLoop receives a stream's messages and has its processor handle
+// each, on one goroutine, until the stream ends or a message fails; then
+// it finishes the processor (Server.stop) and end receives nil (a normal
+// end) or the error. Once Process has given the stream up as idle (state
+// over), the loop touches nothing of the processor again, which Process
+// then finishes.
+type streamLoop struct {
+	s      *Server
+	p      *processor
+	stream extprocv3.ExternalProcessor_ProcessServer
+	end    chan error // buffered: Process may have returned
+	state  atomic.Int32
+	heard  atomic.Int64 // when the last message arrived, in Unix nanoseconds
 }
 
-// receive hands every message of stream to msgs until Recv fails or the
-// stream's context ends (Process has returned).
-func receive(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, msgs chan<- received) {
+// The states of a streamLoop.
+const (
+	waiting int32 = iota // in Recv
+	busy                 // handling a message
+	over                 // given up by Process
+)
+
+func (l *streamLoop) run() {
 	for {
-		req, err := stream.Recv()
-		select {
-		case msgs <- received{req, err}:
-		case <-ctx.Done():
+		req, err := l.stream.Recv()
+		if !l.state.CompareAndSwap(waiting, busy) {
 			return
 		}
 		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				err = nil
+			}
+			l.finish(err)
+			return
+		}
+		l.heard.Store(time.Now().UnixNano())
+		// After an immediate response or a cut-off, Envoy may still send
+		// what was in flight: it is read and dropped.
+		if !l.p.done {
+			if err := l.p.handle(req, l.stream.Send); err != nil {
+				l.finish(err)
+				return
+			}
+		}
+		l.state.Store(waiting)
+	}
+}
+
+// finish finishes the processor on the loop's goroutine, whose stack
+// has grown already, and hands err to Process.
+func (l *streamLoop) finish(err error) {
+	l.s.stop(l.p)
+	l.end <- err
+}
+
+// goroutines runs functions on goroutines it keeps, up to maxParked of
+// them waiting for work, until it is closed: a stream's loop starts with
+// the stack an earlier one grew, where a new goroutine grows its own,
+// copying it at every doubling (a tenth of the CPU of a short stream).
+type goroutines struct {
+	work   chan func()
+	quit   chan struct{}
+	once   sync.Once
+	parked atomic.Int32
+}
+
+// maxParked bounds the goroutines kept waiting, and so the stacks kept.
+const maxParked = 256
+
+func newGoroutines() *goroutines {
+	return &goroutines{work: make(chan func()), quit: make(chan struct{})}
+}
+
+// run runs f on a waiting goroutine, or on a new one.
+func (g *goroutines) run(f func()) {
+	select {
+	case g.work <- f:
+	default:
+		go g.loop(f)
+	}
+}
+
+func (g *goroutines) loop(f func()) {
+	for {
+		f()
+		if g.parked.Add(1) > maxParked {
+			g.parked.Add(-1)
+			return
+		}
+		select {
+		case f = <-g.work:
+			g.parked.Add(-1)
+		case <-g.quit:
+			g.parked.Add(-1)
 			return
 		}
 	}
 }
+
+// close ends the waiting goroutines, and each busy one once its function
+// returns.
+func (g *goroutines) close() { g.once.Do(func() { close(g.quit) }) }
 
 // ServerOptions are the gRPC server options the ext_proc service needs:
 // a receive limit above MaxBodyBytes, so that a body over the limit reaches
@@ -212,6 +294,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		err = ctx.Err()
 	}
+	s.loops.close()
 	if as, ok := s.cfg.Store.(buckets.AsyncSettler); ok {
 		fctx, cancel := context.WithTimeout(context.Background(), s.cfg.SettleTimeout)
 		defer cancel()

@@ -20,6 +20,11 @@ type Stream struct {
 	v       *vocab
 	done    int    // tokens of closed pieces
 	pending []byte // text of the open piece(s), plus an incomplete UTF-8 tail
+	// open is what Tokens adds to done for pending: counted with the
+	// scratch space the last write borrowed, since a live count asks
+	// after every write (borrowing it twice per delta was a tenth of the
+	// work of a streamed chunk).
+	open int
 }
 
 // NewStream returns a Stream counting with the named encoding (as returned
@@ -92,20 +97,27 @@ func (s *Stream) advance() {
 	if i > 0 {
 		s.pending = s.pending[:copy(s.pending, s.pending[i:])]
 	}
+	s.countOpen(w)
+}
+
+// countOpen counts the open piece as if the stream ended now, into open.
+func (s *Stream) countOpen(w *worker) {
+	s.open = 0
+	if len(s.pending) == 0 {
+		return
+	}
+	n := completeLen(s.pending)
+	s.open = s.v.countText(w, unsafe.String(unsafe.SliceData(s.pending), n))
+	if n < len(s.pending) {
+		s.open++ // an incomplete character will be at least one token
+	}
 }
 
 // Tokens returns the tokens counted so far, including the open piece as if
 // the stream ended now.
 func (s *Stream) Tokens() int {
-	if len(s.pending) == 0 {
-		return s.done
+	if len(s.pending) > 0 && completeLen(s.pending) == 0 {
+		return s.done + 1 // only an incomplete character: advance counted nothing
 	}
-	n := completeLen(s.pending)
-	w := s.c.getWorker()
-	defer s.c.putWorker(w)
-	open := s.v.countText(w, unsafe.String(unsafe.SliceData(s.pending), n))
-	if n < len(s.pending) {
-		open++ // an incomplete character will be at least one token
-	}
-	return s.done + open
+	return s.done + s.open
 }

@@ -300,7 +300,7 @@ type part struct {
 	e       *entry
 	taken   bool
 	refused bool
-	demoted bool // no lease call could be made: the inner store decides
+	demoted bool // no lease call is made (the lender is down, or a lease would not pay): the inner store decides
 	obs     buckets.Observation
 	wait    time.Duration
 	waited  *flight
@@ -428,10 +428,15 @@ func (s *Store) take(bs []buckets.Bucket, mask uint64, sp spec) (parts []part, r
 			case down:
 				p.demoted = true
 			default:
-				e.flight = &flight{done: make(chan struct{})}
 				e.sample(now, sp.cost, s.tau)
+				want := s.want(e, b, sp.cost)
+				if b.Lease.Size == 0 && want < minLeaseRequests*sp.cost {
+					p.demoted = true // too rare here for a lease to pay: see minLeaseRequests
+					break
+				}
+				e.flight = &flight{done: make(chan struct{})}
 				ops = append(ops, buckets.LeaseOp{Bucket: b, Give: e.held + e.refund, Need: sp.cost,
-					Want: s.want(e, b, sp.cost), Priority: sp.priority, MaxWait: sp.maxWait})
+					Want: want, Priority: sp.priority, MaxWait: sp.maxWait})
 				e.held, e.refund = 0, 0
 				mine = append(mine, p)
 			}
@@ -531,7 +536,19 @@ func (s *Store) lock(b buckets.Bucket) *entry {
 	}
 }
 
-// sample updates the entry's rate before a lease call that takes need: an
+// minLeaseRequests is how many requests of its cost a lease sized from the
+// rate (lease: auto) must cover for a lease call to be made. A smaller one
+// costs more than it saves: the call and its marker are dearer to Redis
+// than a reserve, which group commit shares with other requests, and what
+// the lease keeps goes back in one more call at its TTL. Below it — a
+// per-identity bucket among many, each seen now and then; a bucket too
+// small for a lease of several requests — the request is reserved in the
+// inner store, as without a lease, and the rate is kept up to date for when
+// the bucket gets busy.
+const minLeaseRequests = 4
+
+// sample updates the entry's rate before a lease call that takes need, or
+// a reserve of need in the inner store that the rate decided on: an
 // average of the tokens taken per second over about tau seconds, which
 // tends to the rate whatever the time between calls; the first interval
 // sets it (want bounds what a burst can make of that).

@@ -129,24 +129,32 @@ func TestAutoSizeFollowsTheRate(t *testing.T) {
 }
 
 // A bucket whose capacity is small next to the traffic is metered per
-// request: a lease sized from the rate never exceeds MaxShare of it.
+// request: a lease sized from the rate never exceeds MaxShare of it, so
+// it could not cover several requests, and none is taken.
 func TestAutoSizeBoundedByCapacity(t *testing.T) {
 	clock := bucketstest.NewClock()
 	g, l := newGateway(clock, lease.Options{})
 	ctx := context.Background()
-	b := leased("user", 60, 1000, &buckets.Lease{}) // an eighth is 7.5 tokens
+	b := leased("user", 60, 1e-9, &buckets.Lease{}) // an eighth is 7.5 tokens
 	for i := range 200 {
 		d, err := g.Reserve(ctx, buckets.Request{Cost: 8, Buckets: []buckets.Bucket{b}})
 		if err != nil || !d.OK {
 			t.Fatalf("request %d: %+v, %v", i, d, err)
 		}
-		if _, err := g.Settle(ctx, d.Reservation, 8); err != nil {
+		if _, err := g.Settle(ctx, d.Reservation, 0.25); err != nil {
 			t.Fatal(err)
 		}
 		clock.Advance(10 * time.Millisecond)
 	}
-	if calls, _ := l.count(); calls < 200 {
-		t.Errorf("%d lease calls for 200 requests of 8 tokens: want one each (a lease may hold at most 7.5)", calls)
+	if calls, _ := l.count(); calls != 0 {
+		t.Errorf("%d lease calls for 200 requests of 8 tokens: want none (a lease may hold at most 7.5)", calls)
+	}
+	probe, err := l.Memory.Reserve(ctx, buckets.Request{Buckets: []buckets.Bucket{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := probe.Buckets[0].Remaining; math.Abs(got-10) > 1e-6 {
+		t.Errorf("shared level %v, want 10 (60 less 200 × 0.25 used)", got)
 	}
 }
 
@@ -310,5 +318,75 @@ func TestAutoSizeBoundedByTheBucketRate(t *testing.T) {
 	calls, _ := l.count()
 	if calls < requests/25 || calls > requests/20 {
 		t.Errorf("%d lease calls for %d requests of 10 tokens, want about %d: leases of 250 tokens", calls, requests, requests/25)
+	}
+}
+
+// A bucket with lease: auto that this gateway sees too rarely for a lease
+// to cover several requests — a per-identity bucket among many, each
+// identity asking about once a second — is metered in the inner store,
+// request by request, as without a lease: no lease call is made (each
+// would cover its own request only, and be returned at its TTL), and the
+// counts are exact.
+func TestAutoLeaseMetersRarelySeenBucketsDirectly(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, l := newGateway(clock, lease.Options{})
+	ctx := context.Background()
+	const users, requests, cost, used = 1000, 5000, 60.0, 17.0
+	bucket := func(u int) buckets.Bucket {
+		return leased(fmt.Sprintf("user%d", u), 1e6, 1e-9, &buckets.Lease{})
+	}
+	for i := range requests {
+		d, err := g.Reserve(ctx, buckets.Request{Cost: cost, Buckets: []buckets.Bucket{bucket(i % users)}})
+		if err != nil || !d.OK {
+			t.Fatalf("request %d: %+v, %v", i, d, err)
+		}
+		if _, err := g.Settle(ctx, d.Reservation, used); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Millisecond) // 1,000 requests a second, one per user
+	}
+	if calls, _ := l.count(); calls != 0 {
+		t.Errorf("%d lease calls for %d requests spread over %d buckets, want none", calls, requests, users)
+	}
+	for _, u := range []int{0, 1, users - 1} {
+		probe, err := l.Memory.Reserve(ctx, buckets.Request{Buckets: []buckets.Bucket{bucket(u)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := probe.Buckets[0].Remaining, 1e6-requests/users*used; math.Abs(got-want) > 1e-6 {
+			t.Errorf("user %d: shared level %v, want %v", u, got, want)
+		}
+	}
+}
+
+// A bucket with lease: auto is leased once this gateway's rate on it makes
+// a lease cover several requests, and stays metered in the inner store
+// before: a bucket first seen once a second, then a thousand times a
+// second.
+func TestAutoLeaseStartsOnceTheBucketIsHot(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, l := newGateway(clock, lease.Options{})
+	ctx := context.Background()
+	b := leased("team", 1e6, 1e4, &buckets.Lease{})
+	run := func(n int, every time.Duration) {
+		for i := range n {
+			d, err := g.Reserve(ctx, buckets.Request{Cost: 10, Buckets: []buckets.Bucket{b}})
+			if err != nil || !d.OK {
+				t.Fatalf("request %d: %+v, %v", i, d, err)
+			}
+			if _, err := g.Settle(ctx, d.Reservation, 10); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(every)
+		}
+	}
+	run(20, time.Second)
+	if calls, _ := l.count(); calls != 0 {
+		t.Fatalf("%d lease calls while the bucket was seen once a second, want none", calls)
+	}
+	run(2000, time.Millisecond)
+	// 10,000 tokens a second, leases of 250 ms of it: 250 requests each.
+	if calls, _ := l.count(); calls == 0 || calls > 2000/100 {
+		t.Errorf("%d lease calls for 2,000 requests at 10,000 tokens a second, want a few (leases of about 250 requests)", calls)
 	}
 }

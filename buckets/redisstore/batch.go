@@ -120,8 +120,11 @@ type lane struct {
 	mu       sync.Mutex
 	queue    []*op
 	inflight int
-	timer    *time.Timer // set while queued settlements wait for a call
+	timer    stopper // set while queued settlements wait for a call
 }
+
+// stopper is a timer armed with Store.afterFunc.
+type stopper interface{ Stop() bool }
 
 // canCall reports whether the lane may start a call for its queue and
 // extra more ops: when it is idle, or when a whole batch is waiting and a
@@ -171,16 +174,32 @@ func (s *Store) later(o *op) {
 	l := s.laneOf(o.g.tag)
 	l.mu.Lock()
 	l.queue = append(l.queue, o)
-	if l.timer == nil {
-		l.timer = time.AfterFunc(s.window, func() { s.flushLane(l) })
-	}
+	s.arm(l)
 	l.mu.Unlock()
 }
 
-// flushLane sends the lane's queued ops if it has a call to spare; if not,
-// the calls in flight take them when they end.
-func (s *Store) flushLane(l *lane) {
+// arm starts the settle window of the lane's queue unless one runs: the
+// window of its oldest settlement, as a call that takes the whole queue
+// stops it (see take). l.mu is held.
+func (s *Store) arm(l *lane) {
+	if l.timer != nil {
+		return
+	}
+	// t is written here and read by flushLane, both under l.mu.
+	var t stopper
+	t = s.afterFunc(s.window, func() { s.flushLane(l, &t) })
+	l.timer = t
+}
+
+// flushLane sends the lane's queued ops when timer *t is the lane's (not
+// one stopped after it fired) and it has a call to spare; if not, the
+// calls in flight take them when they end.
+func (s *Store) flushLane(l *lane, t *stopper) {
 	l.mu.Lock()
+	if l.timer != *t {
+		l.mu.Unlock()
+		return
+	}
 	l.timer = nil
 	if len(l.queue) == 0 || !l.canCall(0) {
 		l.mu.Unlock()
@@ -218,6 +237,12 @@ func (l *lane) take(own *op) []*op {
 		n++
 	}
 	l.queue = append(l.queue[:0], l.queue[n:]...)
+	if len(l.queue) == 0 && l.timer != nil {
+		// Nothing waits for the window any more: the next settlement
+		// queued gets a whole one.
+		l.timer.Stop()
+		l.timer = nil
+	}
 	if own != nil {
 		batch = append(batch, own)
 	}
@@ -259,8 +284,8 @@ func (s *Store) lead(ctx context.Context, l *lane, batch []*op, own *op) {
 		// Nobody waits: queued settlements, if any, go with the next call
 		// or when their window has passed.
 		l.inflight--
-		if len(l.queue) > 0 && l.timer == nil {
-			l.timer = time.AfterFunc(s.window, func() { s.flushLane(l) })
+		if len(l.queue) > 0 {
+			s.arm(l)
 		}
 		l.mu.Unlock()
 		return

@@ -339,3 +339,168 @@ func evalshaCallsIn(t *testing.T, info string) int {
 	}
 	return n
 }
+
+// fakeTimers stands in for time.AfterFunc in a store: it records every
+// timer armed, which a test fires by hand.
+type fakeTimers struct {
+	mu     sync.Mutex
+	armed  []*fakeTimer
+	window []time.Duration
+}
+
+type fakeTimer struct {
+	f       func()
+	stopped atomic.Bool
+}
+
+func (t *fakeTimer) Stop() bool { return !t.stopped.Swap(true) }
+
+func (ft *fakeTimers) afterFunc(d time.Duration, f func()) stopper {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	t := &fakeTimer{f: f}
+	ft.armed = append(ft.armed, t)
+	ft.window = append(ft.window, d)
+	return t
+}
+
+// fire runs timer i as if its time had come, stopped or not (a stopped
+// time.Timer may already be running its function).
+func (ft *fakeTimers) fire(i int) {
+	ft.mu.Lock()
+	t := ft.armed[i]
+	ft.mu.Unlock()
+	t.f()
+}
+
+func (ft *fakeTimers) count() int {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	return len(ft.armed)
+}
+
+// TestSettleWindowStartsWithTheSettlement: a settlement queued by
+// SettleAsync waits its whole window for a call to join. The timer armed
+// for an earlier settlement, which a reserve took along, neither sends a
+// later one before its window (at one caller that made every third
+// settlement a script call of its own) nor keeps the later one from
+// getting a timer of its own.
+func TestSettleWindowStartsWithTheSettlement(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := New(c, Options{SettleWindow: time.Minute})
+	ft := &fakeTimers{}
+	st.afterFunc = ft.afterFunc
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "b", Key: "k", Limit: buckets.Limit{Capacity: 1000, Rate: 1}}
+	req := buckets.Request{Cost: 10, Buckets: []buckets.Bucket{b}}
+	settled := make(chan error, 4)
+	done := func(_ []buckets.BucketState, err error) { settled <- err }
+
+	a, err := st.Reserve(ctx, req)
+	if err != nil || !a.OK {
+		t.Fatalf("Reserve a = %+v, %v", a, err)
+	}
+	st.SettleAsync(a.Reservation, 5, done)
+	if ft.count() != 1 {
+		t.Fatalf("%d timers armed after one settlement, want 1", ft.count())
+	}
+	// The next reserve takes a's settlement along.
+	bd, err := st.Reserve(ctx, req)
+	if err != nil || !bd.OK {
+		t.Fatalf("Reserve b = %+v, %v", bd, err)
+	}
+	if err := <-settled; err != nil {
+		t.Fatalf("a's settlement: %v", err)
+	}
+	if !ft.armed[0].stopped.Load() {
+		t.Error("a's timer still armed once a call took every queued settlement")
+	}
+	st.SettleAsync(bd.Reservation, 5, done)
+	if ft.count() != 2 {
+		t.Fatalf("%d timers armed after the second settlement, want 2 (one of its own)", ft.count())
+	}
+	calls0 := scriptCalls(t, c)
+	ft.fire(0) // a's timer, late: b's settlement must keep waiting
+	select {
+	case err := <-settled:
+		t.Fatalf("b's settlement sent by a's timer, before its own window (err %v)", err)
+	default:
+	}
+	if n := scriptCalls(t, c) - calls0; n != 0 {
+		t.Errorf("a's timer made %d script calls, want 0", n)
+	}
+	ft.fire(1) // b's own window has passed: it goes alone
+	if err := <-settled; err != nil {
+		t.Fatalf("b's settlement: %v", err)
+	}
+	if ft.window[1] != time.Minute {
+		t.Errorf("b's timer armed for %v, want the settle window", ft.window[1])
+	}
+}
+
+// scriptCalls is how many EVALSHA calls the server has run.
+func scriptCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evalshaCallsIn(t, info)
+}
+
+// TestSettleKeepsOrExtendsTheTTL: a bucket key lives until its bucket
+// would be full again. A settlement that gives tokens back keeps the key's
+// TTL, which covers the refill from the lower level the reserve left; one
+// that charges usage beyond the reservation sets the longer TTL the debt
+// needs (S9).
+func TestSettleKeepsOrExtendsTheTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := New(c, Options{})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "b", Key: "ttl", Limit: buckets.Limit{Capacity: 1000, Rate: 1}} // no floor
+	key := st.bucketKey(b.Key)
+	// fullIn is the time the bucket at level needs to refill to full.
+	fullIn := func(level float64) time.Duration { return time.Duration((1000 - level) * float64(time.Second)) }
+	pttl := func() time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	reserve := func() *buckets.Reservation {
+		t.Helper()
+		d, err := st.Reserve(ctx, buckets.Request{Cost: 100, Buckets: []buckets.Bucket{b}})
+		if err != nil || !d.OK {
+			t.Fatalf("Reserve = %+v, %v", d, err)
+		}
+		return d.Reservation
+	}
+	settle := func(r *buckets.Reservation, actual float64) float64 {
+		t.Helper()
+		states, err := st.Settle(ctx, r, actual)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return states[0].Remaining
+	}
+	r := reserve()
+	if got := pttl(); got < fullIn(900) {
+		t.Fatalf("after the reserve: TTL %v, want at least %v", got, fullIn(900))
+	}
+	before := pttl()
+	level := settle(r, 10) // 90 back
+	if got := pttl(); got < fullIn(level) || got > before {
+		t.Errorf("after a refund to %v: TTL %v, want the reserve's (%v at most), at least %v", level, got, before, fullIn(level))
+	}
+	r = reserve()
+	level = settle(r, 6000) // 5,900 beyond the reservation: deep in debt
+	if got := pttl(); got < fullIn(level) {
+		t.Errorf("after a debt down to %v: TTL %v, want at least %v", level, got, fullIn(level))
+	}
+}

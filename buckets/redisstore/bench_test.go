@@ -25,37 +25,67 @@ var trivialLua = redis.NewScript(`return KEYS[1]`)
 
 // BenchmarkReserveSettle measures what Redis pays per admitted request:
 // reserve then settle (Settle, or SettleAsync, which joins the next call)
-// of a chain of 1 or 3 buckets (each caller its own user, shared team and
-// provider buckets) at 1, 16 and 64 callers on
-// one standalone Redis, next to, in alternating rounds of the same run,
+// of a chain of 1 or 3 buckets (a user's of 1,000, shared team and
+// provider buckets) at 1, 16 and 64 callers on one standalone Redis, next
+// to, in alternating rounds of the same run,
 //   - the peer's check and charge: two pipelines of INCRBY+EXPIRE per
 //     request and bucket, as envoyproxy/ratelimit does for a token limit,
 //     and
 //   - a trivial EVALSHA, the floor of a script call.
 //
+// With pace=none the callers ask back to back, and Redis never waits:
+// what it spends per call then is what a call costs a busy Redis. With
+// pace=gateway every caller waits between requests as a gateway does for
+// its own work on each (1 ms, and a request rate of about 3,300 a second
+// in all for more callers: what tokengate reaches in the peer benchmark on
+// a 2-core machine), so that Redis sleeps between calls and runs each on
+// cold caches, as it does behind a gateway: a call then costs it 2 to 4
+// times as much, and these are the figures the peer benchmark measures
+// (bench/peer-ratelimit).
+//
 // It reports the server's CPU (INFO cpu) per request for the store and the
-// peer and their ratio (redis-cpu-vs-peer, the target is ≤ 1), per trivial
-// call, the script calls per request (group commit makes it < 2 under
-// load), requests per second for both, and the growth of used_memory per
-// request over the store's rounds (settled requests leave nothing: the
-// target is ≤ 16 B).
+// peer and their ratio (redis-cpu-vs-peer, the target is ≤ 1), the script
+// time per request (INFO commandstats), per trivial call, the script calls
+// per request (group commit makes it < 2 under load), requests per second
+// for both, and the growth of used_memory per request over the store's
+// rounds (settled requests leave nothing: the target is ≤ 16 B).
 func BenchmarkReserveSettle(b *testing.B) {
 	srv := redistest.Start(b)
-	for _, chain := range []int{1, 3} {
-		for _, settle := range []string{"sync", "async"} {
-			for _, callers := range []int{1, 16, 64} {
-				b.Run(fmt.Sprintf("chain=%d/settle=%s/callers=%d", chain, settle, callers), func(b *testing.B) {
-					reserveSettle(b, srv, chain, settle == "async", callers)
-				})
+	for _, pace := range []string{"none", "gateway"} {
+		for _, chain := range []int{1, 3} {
+			for _, settle := range []string{"sync", "async"} {
+				for _, callers := range []int{1, 16, 64} {
+					b.Run(fmt.Sprintf("pace=%s/chain=%d/settle=%s/callers=%d", pace, chain, settle, callers), func(b *testing.B) {
+						var gap time.Duration
+						if pace == "gateway" {
+							gap = gatewayGap(callers)
+						}
+						reserveSettle(b, srv, chain, settle == "async", callers, gap)
+					})
+				}
 			}
 		}
 	}
 }
 
+// gatewayGap is how long each of callers waits between its requests in
+// BenchmarkReserveSettle's pace=gateway: a millisecond, the time of one
+// request through Envoy and tokengate on the machine of the peer benchmark,
+// and no more than about 3,300 requests a second in all, what one
+// tokengate there reaches.
+func gatewayGap(callers int) time.Duration {
+	return max(time.Millisecond, time.Duration(callers)*300*time.Microsecond)
+}
+
+// benchUsers is how many users the callers of BenchmarkReserveSettle take
+// turns at, as the peer benchmark's do.
+const benchUsers = 1000
+
 // reserveSettle runs BenchmarkReserveSettle with chains of one bucket
 // (the user's) or three (the user's, a team's and a provider's), against a
-// peer that charges as many keys, settling with Settle or SettleAsync.
-func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, callers int) {
+// peer that charges as many keys, settling with Settle or SettleAsync,
+// each caller waiting gap after each request.
+func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, callers int, gap time.Duration) {
 	ctx := context.Background()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: callers})
 	defer c.Close()
@@ -66,13 +96,26 @@ func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, c
 	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
 	team := buckets.Bucket{Name: "team", Key: "team", Limit: lim}
 	prov := buckets.Bucket{Name: "provider", Key: "provider", Limit: lim}
-	reqs := make([]buckets.Request, callers)
+	reqs := make([]buckets.Request, benchUsers)
 	for i := range reqs {
 		user := buckets.Bucket{Name: "user", Key: "user" + strconv.Itoa(i), Limit: lim}
 		reqs[i] = buckets.Request{Cost: 100, Buckets: []buckets.Bucket{user, team, prov}[:chain]}
 	}
+	// Each caller takes turns at the users; next is its turn.
+	next := make([]int, callers)
+	user := func(worker int) int {
+		u := (worker + next[worker]*callers) % benchUsers
+		next[worker]++
+		return u
+	}
+	wait := func() {
+		if gap > 0 {
+			time.Sleep(gap)
+		}
+	}
 	pair := func(worker int) error {
-		d, err := st.Reserve(ctx, reqs[worker])
+		defer wait()
+		d, err := st.Reserve(ctx, reqs[user(worker)])
 		if err != nil {
 			return err
 		}
@@ -89,7 +132,8 @@ func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, c
 		}
 	}
 	peer := func(worker int) error {
-		keys := []string{"peer:user" + strconv.Itoa(worker), "peer:team", "peer:provider"}[:chain]
+		defer wait()
+		keys := []string{"peer:user" + strconv.Itoa(user(worker)), "peer:team", "peer:provider"}[:chain]
 		for range 2 {
 			p := c.Pipeline()
 			for _, key := range keys {
@@ -103,15 +147,16 @@ func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, c
 		return nil
 	}
 	trivial := func(int) error {
+		defer wait()
 		return c.EvalSha(ctx, trivialLua.Hash(), []string{"bench:trivial"}).Err()
 	}
 	// Every key exists before memory is measured.
-	parallel(callers, 4*callers, pair)
+	parallel(callers, benchUsers, pair)
 	flush()
-	parallel(callers, callers, peer)
+	parallel(callers, benchUsers, peer)
 	const rounds = 10
 	var storeTime, peerTime time.Duration
-	var storeCPU, peerCPU, trivialCPU float64
+	var storeCPU, peerCPU, trivialCPU, scriptUS float64
 	var scriptCalls int64
 	mem0 := usedMemory(b, c)
 	b.ReportAllocs()
@@ -129,7 +174,7 @@ func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, c
 		cpu2 := redisCPU(b, c)
 		peerCPU += (cpu1 - cpu0) / float64(m)
 		trivialCPU += (cpu2 - cpu1) / float64(m)
-		calls0 := evalshaCalls(b, c)
+		calls0, us0 := evalshaStats(b, c)
 		b.StartTimer()
 		start = time.Now()
 		parallel(callers, n, pair)
@@ -137,7 +182,9 @@ func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, c
 		storeTime += time.Since(start)
 		b.StopTimer()
 		storeCPU += (redisCPU(b, c) - cpu2) / float64(max(n, 1))
-		scriptCalls += evalshaCalls(b, c) - calls0
+		calls1, us1 := evalshaStats(b, c)
+		scriptCalls += calls1 - calls0
+		scriptUS += (us1 - us0) / float64(max(n, 1))
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -148,6 +195,7 @@ func reserveSettle(b *testing.B, srv *redistest.Server, chain int, async bool, c
 	b.ReportMetric(storeCPU, "redis-cpu-µs/req")
 	b.ReportMetric(peerCPU, "peer-redis-cpu-µs/req")
 	b.ReportMetric(storeCPU/peerCPU, "redis-cpu-vs-peer")
+	b.ReportMetric(scriptUS/rounds, "script-µs/req")
 	b.ReportMetric(trivialCPU, "trivial-redis-cpu-µs/call")
 	b.ReportMetric(float64(scriptCalls)/float64(b.N), "script-calls/req")
 	b.ReportMetric(float64(grown)/float64(b.N), "redis-B/req")
@@ -207,24 +255,33 @@ func usedMemory(b *testing.B, c *redis.Client) int64 {
 	return int64(infoField(b, c, "memory", "used_memory:"))
 }
 
-// evalshaCalls reads how many EVALSHA calls the server has run.
-func evalshaCalls(b *testing.B, c *redis.Client) int64 {
+// evalshaStats reads how many EVALSHA calls the server has run and the
+// time it spent in them (µs), from INFO commandstats.
+func evalshaStats(b *testing.B, c *redis.Client) (calls int64, usec float64) {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls=")
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
 		if !ok {
 			continue
 		}
-		n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-		if err != nil {
-			b.Fatal(err)
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				if calls, err = strconv.ParseInt(v, 10, 64); err != nil {
+					b.Fatal(err)
+				}
+			case "usec":
+				if usec, err = strconv.ParseFloat(v, 64); err != nil {
+					b.Fatal(err)
+				}
+			}
 		}
-		return n
 	}
-	return 0
+	return calls, usec
 }
 
 func infoField(b *testing.B, c *redis.Client, section, field string) float64 {

@@ -191,7 +191,11 @@ local nops, nbk, nqk, maxinline, window = p[1], p[2], p[3], p[4], p[5]
 -- for a holder a string (+3) that holds its records from an offset (+7)
 -- on (at first the key's value, so reading copies nothing, and dropping
 -- the first record moves the offset), the latest record's expiry (+4)
--- and its number of records (+5, counted once it matters). Expired
+-- and its number of records (+5, counted once it matters); whether its
+-- write must set the TTL (+6): a take, a debit, a record or a mark added
+-- can need a later expiry, while a key that only got tokens back or lost
+-- records keeps its TTL (KEEPTTL), which covers its refill to full and its
+-- records as they are. Expired
 -- records are dropped when all are, or when a holder is full; until then
 -- the latest expiry may be later than needed, which only keeps the key a
 -- little longer. Every string a script makes costs Redis a hash of all
@@ -252,7 +256,7 @@ local function spill(h, u)
     r = struct.pack('<dB', u, 0) .. string.sub(r, off)
     if B[h + 5] then B[h + 5] = B[h + 5] + 1 end
   end
-  B[h + 3], B[h + 7] = r, 1
+  B[h + 3], B[h + 7], B[h + 6] = r, 1, true
   if not B[h + 4] or u > B[h + 4] then B[h + 4] = u end
 end
 -- unmark drops holder h's spill mark once it has expired.
@@ -360,7 +364,7 @@ for o = 1, nops do
       local l, t = B[b], B[b + 1]
       if take then
         l = l - cost
-        B[b], B[b + 2] = l, q
+        B[b], B[b + 2], B[b + 6] = l, q, true
       end
       vals[nv + 1] = l
       if t > now then vals[nv + 2] = t - now else vals[nv + 2] = 0 end
@@ -418,7 +422,7 @@ for o = 1, nops do
           else
             r = r .. add
           end
-          B[h + 3], B[h + 7] = r, 1
+          B[h + 3], B[h + 7], B[h + 6] = r, 1, true
           if exp > B[h + 4] then B[h + 4] = exp end
           B[h + 5] = B[h + 5] + 1
         else
@@ -503,6 +507,7 @@ for o = 1, nops do
       if apply > 0 then
         local delta = p[q + 6]
         if apply == 1 and delta > 0 then delta = 0 end
+        if delta < 0 then B[b + 6] = true end
         if delta >= 0 then
           l = l + delta
           if l > cap then l = cap end
@@ -550,13 +555,16 @@ if QW then
 end
 -- Write every bucket that changed, with its TTL: the caller's from low,
 -- or, below low or while paused, the exact time to full; a holder lives
--- at least until its latest record expires.
+-- at least until its latest record expires. A key that existed keeps its
+-- TTL unless something in this batch can need a later one (+6). A TTL
+-- goes to SET as a whole number: Redis writes it without a Lua string.
 for k = 1, nbk do
   local b = 8 * k - 7
   local q = B[b + 2]
   if q then
     local l, t, r, m, off = B[b], B[b + 1], B[b + 3], B[b + 4], B[b + 7]
     local cap, rate = p[q + 1], p[q + 2]
+    local keep = l and not B[b + 6]
     if not l then l, t = cap, now end
     local ttl = p[q + 4]
     if t > now or l < p[q + 3] then
@@ -574,7 +582,11 @@ for k = 1, nbk do
     else
       v = struct.pack('<dd', l, t)
     end
-    redis.call('SET', KEYS[k], v, 'PX', string.format('%d', ttl))
+    if keep then
+      redis.call('SET', KEYS[k], v, 'KEEPTTL')
+    else
+      redis.call('SET', KEYS[k], v, 'PX', ttl - ttl % 1)
+    end
   end
 end
 if open then

@@ -159,6 +159,9 @@ type Store struct {
 	lane      lane     // standalone: the one lane (batch.go)
 	lanes     sync.Map // cluster: hash slot → *lane
 	window    time.Duration
+	// afterFunc arms the timers of queued settlements: time.AfterFunc,
+	// or a test's.
+	afterFunc func(time.Duration, func()) stopper
 	// unsure holds the IDs of reservations of which two copies of the
 	// reserve may run, until they are settled (with a tombstone: see
 	// batchLua).
@@ -184,6 +187,7 @@ func New(c Scripter, opts Options) *Store {
 	if s.timeout <= 0 {
 		s.timeout = 2 * time.Second
 	}
+	s.afterFunc = func(d time.Duration, f func()) stopper { return time.AfterFunc(d, f) }
 	s.window = opts.SettleWindow
 	if s.window <= 0 {
 		s.window = 2 * time.Millisecond

@@ -1,5 +1,7 @@
 package provider
 
+import "bytes"
+
 // This file holds the one-pass reader of the common OpenAI chunk. The
 // general reader in observeOpenAI walks the members of the chunk, which
 // skips each value once, and then walks the choices, each choice and its
@@ -28,17 +30,107 @@ type fastChunk struct {
 	usage                      member
 	usagePrevEnd               int
 	hasUsage                   bool
+	// texts counts the strings the chunk's text came from (2 for any
+	// text read from tool calls, function calls or audio), text is the
+	// span of the last; pads counts its obfuscation members, pad is the
+	// span of the last one's value. See chunkShape.
+	texts, pads int
+	text, pad   span
+}
+
+// span is the span of a JSON value in a chunk's data.
+type span struct{ start, end int }
+
+// chunkShape is the last chunk that the one-pass reader read whole and
+// that took its text from one string — in a stream, the next chunk is
+// mostly the same bytes with another text in that string, and another
+// random padding in the string of its "obfuscation" member, which OpenAI
+// adds to every chunk. Such a chunk is read by comparing its bytes with
+// the shape's and reading its strings alone: the same bytes read the same
+// way, and reading them again would change nothing the Stream keeps
+// (keep and markChoice store what they hold already), but its text. Any
+// other reading of the Stream forgets the shape (forget).
+type chunkShape struct {
+	data  []byte  // the chunk's data, copied; nil when there is no shape
+	holes [2]span // the text's and the padding's strings, in data order
+	nHole int     // 1 without padding
+	text  int     // the index of the text's hole
+	// The usage member (null) and the end of the value before it, for
+	// the cut when tokengate asked for usage.
+	usage        member
+	usagePrevEnd int
+	hasUsage     bool
+}
+
+func (sh *chunkShape) forget() { sh.data = sh.data[:0] }
+
+// record makes the chunk just read whole, c from data, the shape, when it
+// is one (one text string, at most one padding).
+func (sh *chunkShape) record(c *fastChunk, data []byte, n int) {
+	sh.forget()
+	if n != 1 || c.texts != 1 || c.pads > 1 {
+		return
+	}
+	sh.holes[0], sh.nHole, sh.text = c.text, 1, 0
+	if c.pads == 1 {
+		sh.holes[1], sh.nHole = c.pad, 2
+		if c.pad.start < c.text.start {
+			sh.holes[0], sh.holes[1], sh.text = c.pad, c.text, 1
+		}
+	}
+	sh.data = append(sh.data[:0], data...)
+	sh.usage, sh.usagePrevEnd, sh.hasUsage = c.usage, c.usagePrevEnd, c.hasUsage
+}
+
+// match reports whether data is the shape with other strings in its
+// holes, and where they are in data.
+func (sh *chunkShape) match(data []byte) (holes [2]span, ok bool) {
+	if len(sh.data) == 0 {
+		return holes, false
+	}
+	at, from := 0, 0 // the next byte of data, and of the shape's
+	for k := range sh.nHole {
+		h := sh.holes[k]
+		lit := sh.data[from:h.start]
+		if !bytes.HasPrefix(data[at:], lit) {
+			return holes, false
+		}
+		start := at + len(lit)
+		end, err := skipString(data, start)
+		if err != nil {
+			return holes, false
+		}
+		holes[k], at, from = span{start, end}, end, h.end
+	}
+	return holes, bytes.Equal(data[at:], sh.data[from:])
+}
+
+// moved is offset i of the shape's data in data, whose holes are holes.
+func (sh *chunkShape) moved(i int, holes [2]span) int {
+	shift := 0
+	for k := range sh.nHole {
+		if sh.holes[k].end <= i {
+			shift += (holes[k].end - holes[k].start) - (sh.holes[k].end - sh.holes[k].start)
+		}
+	}
+	return i + shift
 }
 
 // fastOpenAI reads a chat.completion.chunk or text_completion chunk in one
-// pass. It reports false, with the Stream unchanged apart from s.text
-// (which Observe resets per event), when the chunk needs the general reader.
+// pass, or by its shape (see chunkShape). It reports false, with the
+// Stream unchanged apart from s.text (which Observe resets per event),
+// when the chunk needs the general reader.
 func (s *Stream) fastOpenAI(ev *Event, event, data []byte, off, n int) bool {
+	if n == 1 && s.fastShaped(ev, event, data, off) {
+		return true
+	}
+	s.shape.forget()
 	var c fastChunk
 	if !s.fastChunkObject(&c, data) {
 		s.text = s.text[:0]
 		return false
 	}
+	s.shape.record(&c, data, n)
 	for _, k := range [...]struct {
 		dst *[]byte
 		v   []byte
@@ -54,7 +146,32 @@ func (s *Stream) fastOpenAI(ev *Event, event, data []byte, off, n int) bool {
 	// chunk carries no usage, and the member is dropped when tokengate
 	// asked for it, as observeOpenAI does.
 	if c.hasUsage && s.hideUsage {
-		ev.Forward = cutMember(event, data, off, n, c.usage, c.usagePrevEnd)
+		ev.Forward = s.cutMember(event, data, off, n, c.usage, c.usagePrevEnd)
+	}
+	return true
+}
+
+// fastShaped reads a chunk of one data field that matches the shape: its
+// text string alone, and the cut of its usage member.
+func (s *Stream) fastShaped(ev *Event, event, data []byte, off int) bool {
+	sh := &s.shape
+	holes, ok := sh.match(data)
+	if !ok {
+		return false
+	}
+	t := holes[sh.text]
+	if s.appendString(data[t.start:t.end]) != nil {
+		s.text = s.text[:0]
+		return false
+	}
+	if sh.hasUsage && s.hideUsage {
+		u := sh.usage
+		u.start, u.valueStart, u.valueEnd = sh.moved(u.start, holes), sh.moved(u.valueStart, holes), sh.moved(u.valueEnd, holes)
+		prevEnd := sh.usagePrevEnd
+		if prevEnd >= 0 {
+			prevEnd = sh.moved(prevEnd, holes)
+		}
+		ev.Forward = s.cutMember(event, data, off, 1, u, prevEnd)
 	}
 	return true
 }
@@ -97,6 +214,11 @@ func (s *Stream) fastChunkObject(c *fastChunk, data []byte) bool {
 					stage(&c.created, v)
 				case "model":
 					stage(&c.model, v)
+				case "obfuscation":
+					if len(v) > 0 && v[0] == '"' {
+						c.pads++
+						c.pad = span{vs, ve}
+					}
 				case "usage":
 					if !isNull(v) {
 						return false
@@ -173,7 +295,7 @@ func (s *Stream) fastChoices(c *fastChunk, b []byte, i int) (int, bool) {
 		if c.nChoices == maxFastChoices {
 			return 0, false
 		}
-		end, ch, ok := s.fastChoice(b, i)
+		end, ch, ok := s.fastChoice(c, b, i)
 		if !ok {
 			return 0, false
 		}
@@ -195,7 +317,7 @@ func (s *Stream) fastChoices(c *fastChunk, b []byte, i int) (int, bool) {
 
 // fastChoice reads one choice object at b[i] (depth 1 in the choices
 // value).
-func (s *Stream) fastChoice(b []byte, i int) (end int, ch choice, ok bool) {
+func (s *Stream) fastChoice(c *fastChunk, b []byte, i int) (end int, ch choice, ok bool) {
 	if i >= len(b) || b[i] != '{' {
 		return 0, ch, false
 	}
@@ -212,7 +334,7 @@ func (s *Stream) fastChoice(b []byte, i int) (end int, ch choice, ok bool) {
 		var err error
 		switch string(key) {
 		case "delta":
-			if ve, ok = s.fastDelta(b, vs); !ok {
+			if ve, ok = s.fastDelta(c, b, vs); !ok {
 				return 0, ch, false
 			}
 		default:
@@ -231,6 +353,7 @@ func (s *Stream) fastChoice(b []byte, i int) (end int, ch choice, ok bool) {
 				if s.appendString(v) != nil {
 					return 0, ch, false
 				}
+				c.texts, c.text = c.texts+1, span{vs, ve}
 			}
 		}
 		i = skipSpace(b, ve)
@@ -249,7 +372,7 @@ func (s *Stream) fastChoice(b []byte, i int) (end int, ch choice, ok bool) {
 
 // fastDelta reads a choice's delta at b[i] (depth 2 in the choices value)
 // and appends its output text as chatDelta does.
-func (s *Stream) fastDelta(b []byte, i int) (int, bool) {
+func (s *Stream) fastDelta(c *fastChunk, b []byte, i int) (int, bool) {
 	if i >= len(b) {
 		return 0, false
 	}
@@ -277,12 +400,16 @@ func (s *Stream) fastDelta(b []byte, i int) (int, bool) {
 		switch string(key) {
 		case "content", "refusal", "reasoning", "reasoning_content":
 			err = s.appendString(v)
+			c.texts, c.text = c.texts+1, span{vs, ve}
 		case "function_call":
 			err = s.appendStrings(v, "name", "arguments")
+			c.texts += 2
 		case "audio":
 			err = s.appendStrings(v, "transcript")
+			c.texts += 2
 		case "tool_calls":
 			err = s.toolCalls(v)
+			c.texts += 2
 		}
 		if err != nil {
 			return 0, false

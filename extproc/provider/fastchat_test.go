@@ -33,7 +33,7 @@ func compareReaders(t *testing.T, api tokenizer.API, clientUsage, injected bool,
 	}
 	opts := cmp.Options{
 		cmp.AllowUnexported(Stream{}, choice{}, clientState{}, anthropicUsage{}, respOutput{}, respUndo{}),
-		cmpopts.IgnoreFields(Stream{}, "generalOnly", "text", "joined"),
+		cmpopts.IgnoreFields(Stream{}, "generalOnly", "shape", "rewritten", "text", "joined"),
 		cmpopts.EquateEmpty(),
 	}
 	for k, ev := range events {
@@ -78,6 +78,34 @@ var fastSeeds = []string{
 	`data: {"choices":[{"delta":{"x":` + strings.Repeat("[", 510) + strings.Repeat("]", 510) + `}}]}` + "\n\n",
 	`data: {"choices":[{"x":` + strings.Repeat("[", 510) + strings.Repeat("]", 510) + `}]}` + "\n\n",
 	`data: {"choices":[{"x":` + strings.Repeat("[", 511) + strings.Repeat("]", 511) + `}]}` + "\n\n",
+	// Chunks of one shape (chunkShape): the same bytes but for the text
+	// and the padding, then chunks that differ elsewhere, or in what is
+	// in the holes.
+	shaped(`{"choices":[{"delta":{"content":%s},"finish_reason":null,"index":0}],"id":"c1","obfuscation":%s,"usage":null}`,
+		`"a"`, `"xyz"`, `" bc"`, `""`, `"\u00e9\n"`, `"d"`, `"k"`, `null`, `"e"`, `"q"`, `"f"`, `1`, `"g\"`, `"x"`),
+	shaped(`{"obfuscation":%s,"id":"c1","usage":null,"choices":[{"index":0,"delta":{"content":%s}}]}`,
+		`"p"`, `"a"`, `""`, `"bb"`, `"ppp"`, `"\ud83d"`, `"p"`, `"c"`),
+	shaped(`{"id":"c1","choices":[{"index":0,"delta":{"content":%s},"finish_reason":%s}],"usage":null}`,
+		`"a"`, `null`, `"b"`, `null`, `"c"`, `"stop"`, `"d"`, `null`),
+	shaped(`{"id":%s,"choices":[{"index":0,"delta":{"content":%s}}],"obfuscation":"o","obfuscation":"p"}`,
+		`"c1"`, `"a"`, `"c1"`, `"b"`, `"c2"`, `"c"`, `"c1"`, `"d"`),
+	shaped(`{"choices":[{"index":0,"delta":{"content":%s,"refusal":%s}}]}`, `"a"`, `null`, `"b"`, `null`, `"c"`, `"r"`),
+	shaped(`{"choices":[{"index":%s,"delta":{"content":%s}}]}`, `0`, `"a"`, `0`, `"b"`, `1`, `"c"`, `0`, `"d"`),
+}
+
+// shaped is a stream of chunks made from format, each of the values
+// filling its holes in turn.
+func shaped(format string, values ...string) string {
+	holes := strings.Count(format, "%s")
+	var b strings.Builder
+	for i := 0; i+holes <= len(values); i += holes {
+		args := make([]any, holes)
+		for k := range args {
+			args[k] = values[i+k]
+		}
+		b.WriteString("data: " + fmt.Sprintf(format, args...) + "\n\n")
+	}
+	return b.String()
 }
 
 // TestFastReaderMatchesGeneral checks that the one-pass reader of OpenAI
@@ -150,5 +178,35 @@ func TestFastReaderTakesCommonChunks(t *testing.T) {
 		if got := s.fastOpenAI(&ev, []byte("data: "+tc.data+"\n\n"), []byte(tc.data), 6, 1); got != tc.want {
 			t.Errorf("fastOpenAI(%s) = %v, want %v", tc.data, got, tc.want)
 		}
+	}
+}
+
+// TestShapedChunksReadByTheirStrings: once a chunk of one text string (and
+// one padding) has been read whole, the next that is the same bytes but
+// for those strings is read by its strings alone, with the same text and
+// the same cut of its usage member as the one-pass reader gives.
+func TestShapedChunksReadByTheirStrings(t *testing.T) {
+	const format = `{"choices":[{"delta":{"content":%q},"index":0}],"id":"c1","obfuscation":%q,"usage":null}`
+	s := NewStream(tokenizer.ChatCompletions, false, true)
+	if _, err := s.Observe([]byte("data: " + fmt.Sprintf(format, "a", "xy") + "\n\n")); err != nil {
+		t.Fatal(err)
+	}
+	data := fmt.Sprintf(format, "b\u00e9", "z")
+	ev := Event{}
+	s.text = s.text[:0]
+	event := []byte("data: " + data + "\n\n")
+	if !s.fastShaped(&ev, event, []byte(data), 6) {
+		t.Fatal("a chunk of the last chunk's shape was not read by its strings")
+	}
+	if got := string(s.text); got != "bé" {
+		t.Errorf("text %q, want %q", got, "bé")
+	}
+	want := "data: " + strings.Replace(data, `,"usage":null`, "", 1) + "\n\n"
+	if string(ev.Forward) != want {
+		t.Errorf("forwarded %q, want %q", ev.Forward, want)
+	}
+	other := strings.Replace(data, `"c1"`, `"c2"`, 1)
+	if s.fastShaped(&ev, []byte("data: "+other+"\n\n"), []byte(other), 6) {
+		t.Error("a chunk with another id was read by the shape")
 	}
 }

@@ -19,7 +19,8 @@ type Event struct {
 	// the client did not ask for (S15): `"usage":null` members are dropped
 	// and the usage-only chunk is dropped whole (Forward == nil).
 	// Unless rewritten, Forward aliases the observed event: copy it before
-	// the next Framer.Feed.
+	// the next Framer.Feed. A rewrite is the Stream's: copy it before the
+	// next Observe.
 	Forward []byte
 	// Usage reports that this event carried usage; Stream.Usage has the
 	// merged view.
@@ -82,7 +83,9 @@ type Stream struct {
 	// A Gemini JSON array's opening and closing brackets were delivered.
 	arrayOpen, arrayClosed bool
 
-	generalOnly bool // read OpenAI chunks with the general reader only (tests)
+	generalOnly bool       // read OpenAI chunks with the general reader only (tests)
+	shape       chunkShape // the last OpenAI chunk's, see fastOpenAI
+	rewritten   []byte     // the last event rewritten, see Event.Forward
 
 	// saved is the client-visible state before the last Observe, restored
 	// by Withhold.
@@ -122,6 +125,7 @@ func (s *Stream) Withhold() {
 	s.arrayOpen, s.arrayClosed = st.arrayOpen, st.arrayClosed
 	s.choices = append(s.choices[:0], s.savedChoices...)
 	s.resp.withhold()
+	s.shape.forget() // what its last chunk set was taken back
 }
 
 // choice is one OpenAI choice or Gemini candidate and whether it has
@@ -426,7 +430,7 @@ func (s *Stream) observeOpenAI(ev *Event, event, data []byte, off, n int) error 
 		// The usage-only chunk exists only because tokengate asked.
 		ev.Forward = nil
 	default:
-		ev.Forward = cutMember(event, data, off, n, usage, usagePrevEnd)
+		ev.Forward = s.cutMember(event, data, off, n, usage, usagePrevEnd)
 	}
 	return nil
 }
@@ -532,11 +536,17 @@ func (s *Stream) toolCalls(v []byte) error {
 }
 
 // cutMember returns a copy of event without the JSON member m of data, and
-// without the comma that joined it to its neighbours. prevEnd is the end of
+// without the comma that joined it to its neighbours, in the Stream's
+// buffer for rewritten events (see Event.Forward). prevEnd is the end of
 // the value before m, or -1 when m is the first member. data starts at off
 // in event when the event has one data field (n == 1); otherwise the event
 // is rebuilt with one data field.
-func cutMember(event, data []byte, off, n int, m member, prevEnd int) []byte {
+func (s *Stream) cutMember(event, data []byte, off, n int, m member, prevEnd int) []byte {
+	s.rewritten = cutMember(s.rewritten[:0], event, data, off, n, m, prevEnd)
+	return s.rewritten
+}
+
+func cutMember(out, event, data []byte, off, n int, m member, prevEnd int) []byte {
 	from, to := prevEnd, m.valueEnd
 	if prevEnd < 0 {
 		from, to = m.start, skipSpace(data, m.valueEnd)
@@ -545,13 +555,11 @@ func cutMember(event, data []byte, off, n int, m member, prevEnd int) []byte {
 		}
 	}
 	if n == 1 {
-		out := make([]byte, 0, len(event)-(to-from))
 		out = append(out, event[:off+from]...)
 		return append(out, event[off+to:]...)
 	}
 	// Several data fields: keep the other lines, then one data field.
 	le := lineEndOf(event)
-	out := make([]byte, 0, len(event))
 	for i := 0; i < len(event); {
 		j := i
 		for j < len(event) && event[j] != '\n' && event[j] != '\r' {

@@ -1,0 +1,54 @@
+package extproc
+
+import (
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/google/go-cmp/cmp"
+)
+
+// S24: Envoy merges the dynamic metadata of every answer of a stream into
+// what its access log reads, so an answer carries the running counts only
+// when they changed since the last answer that carried them: the response
+// headers answer of a request whose counts stand where its decision left
+// them carries none, the stream's chunks carry them as the output grows,
+// and its end the settled counts. What Envoy ends up with is the same.
+func TestMetadataOnlyWhenTheCountsChange(t *testing.T) {
+	s, outcomes := requestServer(t, 1e6, &fakeCounter{input: 10, allowance: 100}, 1<<20)
+	body := []byte(`{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	msgs := exchange(buffered, body, 0, true, false)
+	msgs = append(msgs, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HttpHeaders{Headers: headersOf(":status", "200", "content-type", "text/event-stream")}}})
+	for i := range metadataEvery {
+		msgs = append(msgs, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+			ResponseBody: &extprocv3.HttpBody{Body: sse(words(2)...), EndOfStream: i == metadataEvery-1}}})
+	}
+	answers := drive(t, s, msgs)
+	carries := func(k int) bool { return len(answers[k]) == 1 && answers[k][0].GetDynamicMetadata() != nil }
+	if !carries(1) {
+		t.Error("the decision's answer carries no metadata")
+	}
+	if carries(2) {
+		t.Errorf("the response headers answer carries the decision's counts again: %v", answers[2][0].GetDynamicMetadata())
+	}
+	last := len(msgs) - 1
+	if !carries(last) {
+		t.Fatal("the stream's last answer carries no metadata")
+	}
+	// What Envoy has at the end: every answer's metadata merged, field by
+	// field, in the order of the answers.
+	merged := map[string]any{}
+	for _, as := range answers {
+		for _, a := range as {
+			for k, v := range a.GetDynamicMetadata().GetFields()["tokengate"].GetStructValue().AsMap() {
+				merged[k] = v
+			}
+		}
+	}
+	o := <-outcomes
+	want := map[string]any{"decision": "admitted", "input_tokens": 10.0, "output_tokens": float64(o.Output),
+		"reserved_tokens": float64(o.Reserved), "settled_tokens": float64(o.Settled)}
+	if d := cmp.Diff(want, merged); d != "" {
+		t.Errorf("metadata Envoy ends up with (-want +got):\n%s", d)
+	}
+}
