@@ -40,12 +40,13 @@ package redisstore
 //     replay, added spend or extension, which change what a reservation
 //     charged in its own unit, leave it alone. A value of the double alone
 //     (8 bytes, as releases before the tag wrote it) is the spend of
-//     whatever unit the quota has, and the next write tags it. Comparing
-//     tags costs a string.sub and a string comparison, no table. Windows are calendar
-//     arithmetic in a time zone, which Lua cannot do: the gateway names
-//     the window in the key and passes its TTL (until the window's end and
-//     a slack), so each window starts from zero and then vanishes. A TTL of
-//     zero or less (a settlement arriving after the slack) writes nothing.
+//     whatever unit the quota has, and the next write tags it: an upgrade
+//     keeps every window's spend. Comparing tags costs a string.sub and a
+//     string comparison, no table. Windows are calendar arithmetic in a
+//     time zone, which Lua cannot do: the gateway names the window in the
+//     key and passes its TTL (until the window's end and a slack), so each
+//     window starts from zero and then vanishes. A TTL of zero or less (a
+//     settlement arriving after the slack) writes nothing.
 const luaNow = `
 local now
 if ARGV[1] ~= '' then
@@ -137,9 +138,9 @@ end
 // KEYS: every key of the batch once: first the nbk bucket keys, then the
 // nqk quota keys, then slot, record and marker keys.
 // ARGV: now, struct format and packed numbers, then one reservation ID per
-// operation, then the unit tags of the batch's quotas, each once. Numbers: nops, nbk, nqk, maxInline, the repeat window (µs);
-// then per operation its kind, nb, ns, nq, record key index (0 for none),
-// and
+// operation, then the unit tags of the batch's quotas, each once. Numbers:
+// nops, nbk, nqk, maxInline, the repeat window (µs); then per operation its
+// kind, nb, ns, nq, record key index (0 for none), and
 //   - reserve (kind 1): cost, max wait (s), lifetime (µs); per bucket key
 //     index, capacity, rate, low, TTL from low (ms), hard (1/0), reserve
 //     (the headroom it must leave); per quota key index, limit, amount,
