@@ -119,7 +119,7 @@ func gatewayPolicies(t *testing.T, cfg *config.Config) []extproc.Policy {
 
 // spend adds amount to the current window of quota rule of policy
 // "teams" for the identity whose key part is id (keys as extproc keys
-// them: tg:<policy>:<rule>[!<currency>]:<identity>).
+// them: tg:<policy>:<rule>:<identity>, a quota of money's spend in USD).
 func (f *fixture) spend(t *testing.T, rule, id string, amount float64) {
 	t.Helper()
 	p, _ := f.cfg.Policy("teams")
@@ -132,10 +132,10 @@ func (f *fixture) spend(t *testing.T, rule, id string, amount float64) {
 			t.Fatal(err)
 		}
 		key := "tg:teams:" + rule + ":" + id
-		if unit == buckets.Money {
-			key = "tg:teams:" + rule + "!USD:" + id
-		}
 		bq := buckets.Quota{Name: rule, Key: key, Window: w, Unit: unit, Limit: limit}
+		if unit == buckets.Money {
+			bq.Currency = "USD"
+		}
 		if err := f.store.AddSpend(context.Background(), "seed-"+key, []buckets.Spend{{Quota: bq, Window: w.Span(time.Now()), Amount: amount}}); err != nil {
 			t.Fatal(err)
 		}

@@ -94,10 +94,12 @@ func (sh *shard) mark(mark string, expires int64) {
 type quotaKey struct{ key, window string }
 
 // spend is a quota's spend in one window, kept until expires (the window's
-// end and QuotaSlack, by the wall clock, in Unix nanoseconds).
+// end and QuotaSlack, by the wall clock, in Unix nanoseconds), in the unit
+// tag says (Quota.Tag).
 type spend struct {
 	amount  float64
 	expires int64
+	tag     string
 }
 
 // level is a stored bucket: tokens at instant last, in nanoseconds since the
@@ -246,31 +248,45 @@ func (m *Memory) sweep(sh *shard, now int64, wall time.Time) {
 }
 
 // spent returns the spend of quota q in window span at wall, and its
-// record (nil when nothing is spent).
+// record (nil when nothing is spent). A spend in another unit than q's is
+// nothing spent in q's unit, but its record is returned.
 func (sh *shard) spent(q Quota, span Span, wall time.Time) (float64, *spend) {
 	sp := sh.quotas[quotaKey{q.Key, span.ID}]
 	if sp == nil || sp.expires <= wall.UnixNano() {
 		return 0, nil
 	}
+	if !q.ReadsTag(sp.tag) {
+		return 0, sp
+	}
 	return sp.amount, sp
 }
 
 // charge adds amount (negative refunds) to the spend of quota q in window
-// span at wall; a window past its slack is not written.
-func (sh *shard) charge(q Quota, span Span, amount float64, wall time.Time) {
+// span at wall; a window past its slack is not written. A spend in another
+// unit than q's is replaced by an admission (admit: the window starts
+// afresh in q's unit) and otherwise left alone: what a reservation settles
+// or extends was charged in its own unit, which the window no longer
+// counts.
+func (sh *shard) charge(q Quota, span Span, amount float64, wall time.Time, admit bool) {
 	expires := expiry(span)
 	if expires <= wall.UnixNano() {
 		return
 	}
 	amt, sp := sh.spent(q, span, wall)
+	if sp != nil && !q.ReadsTag(sp.tag) && !admit {
+		return
+	}
 	amt = max(0, amt+amount)
 	switch {
 	case sp == nil && amt == 0:
 	case sp == nil:
-		sh.quotas[quotaKey{q.Key, span.ID}] = &spend{amount: amt, expires: expires}
+		sh.quotas[quotaKey{q.Key, span.ID}] = &spend{amount: amt, expires: expires, tag: q.Tag()}
 	case amt == 0:
 		delete(sh.quotas, quotaKey{q.Key, span.ID})
 	default:
+		if !q.ReadsTag(sp.tag) {
+			sp.tag = q.Tag()
+		}
 		sp.amount = amt
 	}
 }
@@ -443,7 +459,7 @@ func (m *Memory) Reserve(ctx context.Context, req Request) (Decision, error) {
 		}
 		for j, q := range req.Quotas {
 			c := req.QuotaCost(q)
-			m.shards[quotaShards[j]].charge(q, spans[j], c, wall)
+			m.shards[quotaShards[j]].charge(q, spans[j], c, wall, true)
 			spent[j] += c
 		}
 		rsh.open[id] = now + int64(req.LifetimeOrDefault())
@@ -517,7 +533,7 @@ func (m *Memory) Extend(ctx context.Context, r *Reservation, n float64) (bool, e
 	}
 	for j, q := range r.Quotas {
 		if q.Hard {
-			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], r.ExtendQuota(q, n), wall)
+			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], r.ExtendQuota(q, n), wall, false)
 		}
 	}
 	r.Extended += n
@@ -648,7 +664,7 @@ func (m *Memory) settle(r *Reservation, actual float64, mode settleMode) ([]Buck
 			if debitsOnly {
 				d = max(d, 0)
 			}
-			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], d, wall)
+			m.shards[m.shardOf(q.Key)].charge(q, r.Windows[j], d, wall, false)
 		}
 	}
 	m.unlock(&ls)
@@ -790,7 +806,7 @@ func (m *Memory) AddSpend(ctx context.Context, id string, ss []Spend) error {
 		return nil
 	}
 	for _, s := range ss {
-		m.shards[m.shardOf(s.Quota.Key)].charge(s.Quota, s.Window, s.Amount, wall)
+		m.shards[m.shardOf(s.Quota.Key)].charge(s.Quota, s.Window, s.Amount, wall, false)
 	}
 	m.shards[mark].mark(spendMark+id, now+int64(replayMarkTTL(spans, wall)))
 	return nil

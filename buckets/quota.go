@@ -61,13 +61,58 @@ type Quota struct {
 	Key    string
 	Window Window
 	Unit   Unit
+	// Currency is the ISO 4217 code of a quota of money ("USD"): its
+	// spend is micro-units of it. A quota of tokens has none.
+	Currency string
 	// Limit is the budget per window: tokens, or micro-units of money.
 	Limit float64
 	Hard  bool
 }
 
+// Tag is the quota's unit as a store records it with every spend: "t" for
+// tokens, "$" and the currency for money ("$USD"). A store reads a spend
+// recorded with another tag as nothing spent in the window (see
+// ReadsTag), so a quota switched between tokens and money, or to another
+// currency, never reads the old unit's spend as the new one's.
+func (q Quota) Tag() string { return unitTag(q.Unit, q.Currency) }
+
+// ReadsTag reports whether a spend a store recorded with tag is the
+// quota's: tag is the quota's own (Tag), or empty, as a store wrote spend
+// before it recorded the unit, which meant the quota's configured unit.
+// It allocates nothing.
+func (q Quota) ReadsTag(tag string) bool { return readsTag(q.Unit, q.Currency, tag) }
+
+// The tags of the units: a spend recorded without one was written before
+// stores recorded units, and reads as the configured unit.
+const (
+	tokensTag = "t"
+	moneyTag  = "$"
+)
+
+func unitTag(u Unit, currency string) string {
+	if u == Money {
+		return moneyTag + currency
+	}
+	return tokensTag
+}
+
+func readsTag(u Unit, currency, tag string) bool {
+	if tag == "" {
+		return true
+	}
+	if u == Money {
+		return len(tag) == len(moneyTag)+len(currency) && tag[:len(moneyTag)] == moneyTag && tag[len(moneyTag):] == currency
+	}
+	return tag == tokensTag
+}
+
+// MaxCurrency bounds the length of a quota's Currency, and so of its Tag,
+// which a store keeps with every spend.
+const MaxCurrency = 16
+
 // Validate reports whether the quota can be used: Key is set, the window
-// has a period, the unit is known and Limit is positive and finite. The
+// has a period, the unit is known (with a currency of at most MaxCurrency
+// bytes for money, none for tokens) and Limit is positive and finite. The
 // error names the field and wraps ErrInvalidLimit.
 func (q Quota) Validate() error {
 	switch {
@@ -77,6 +122,10 @@ func (q Quota) Validate() error {
 		return fmt.Errorf("%w: quota %q: window period must be day, week or month, got %v", ErrInvalidLimit, q.Name, q.Window.Period)
 	case q.Unit != Tokens && q.Unit != Money:
 		return fmt.Errorf("%w: quota %q: unknown unit %v", ErrInvalidLimit, q.Name, q.Unit)
+	case q.Unit == Tokens && q.Currency != "":
+		return fmt.Errorf("%w: quota %q: a quota of tokens has no currency, got %q", ErrInvalidLimit, q.Name, q.Currency)
+	case len(q.Currency) > MaxCurrency:
+		return fmt.Errorf("%w: quota %q: currency %q is longer than %d bytes", ErrInvalidLimit, q.Name, q.Currency[:MaxCurrency], MaxCurrency)
 	case !(q.Limit > 0) || math.IsInf(q.Limit, 0):
 		return fmt.Errorf("%w: quota %q: limit must be a positive finite number, got %v", ErrInvalidLimit, q.Name, q.Limit)
 	}

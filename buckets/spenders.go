@@ -27,6 +27,10 @@ type SpendQuery struct {
 	Prefix string
 	// Window is the quota's window.
 	Window Window
+	// Unit and Currency are the quota's (see Quota): a spend recorded in
+	// another unit is not the quota's and is not listed (Quota.ReadsTag).
+	Unit     Unit
+	Currency string
 	// Top is how many of the largest spends to return.
 	Top int
 	// MaxRead bounds the spends a store reads; zero means DefaultMaxRead.
@@ -75,6 +79,10 @@ func (q SpendQuery) Validate() error {
 	return nil
 }
 
+// ReadsTag reports whether a spend recorded with tag is the quota's, as
+// Quota.ReadsTag does.
+func (q SpendQuery) ReadsTag(tag string) bool { return readsTag(q.Unit, q.Currency, tag) }
+
 // MaxReads is q.MaxRead, or DefaultMaxRead when it is zero.
 func (q SpendQuery) MaxReads() int { return cmp.Or(q.MaxRead, DefaultMaxRead) }
 
@@ -105,7 +113,7 @@ func (m *Memory) ListSpend(ctx context.Context, q SpendQuery) (SpendList, error)
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for k, sp := range sh.quotas {
-			if k.window == span.ID && sp.expires > wall.UnixNano() && sp.amount > 0 {
+			if k.window == span.ID && sp.expires > wall.UnixNano() && sp.amount > 0 && q.ReadsTag(sp.tag) {
 				if id, ok := strings.CutPrefix(k.key, q.Prefix); ok && id != "" {
 					read = append(read, KeySpend{Key: id, Spent: sp.amount})
 				}

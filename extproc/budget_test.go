@@ -49,8 +49,11 @@ func testPrices(t *testing.T) *pricing.Table {
 // current window, for the identity key the request used.
 func (r *rig) quotaSpent(t *testing.T, q QuotaRule, key string) float64 {
 	t.Helper()
-	_, qs, err := r.store.inner.(buckets.Inspector).Inspect(context.Background(), nil,
-		[]buckets.Quota{{Name: q.Name, Key: key, Window: q.Window, Unit: q.Unit, Limit: q.Limit, Hard: q.Hard}})
+	bq := buckets.Quota{Name: q.Name, Key: key, Window: q.Window, Unit: q.Unit, Limit: q.Limit, Hard: q.Hard}
+	if q.Unit == buckets.Money && r.srv.cfg.Prices != nil {
+		bq.Currency = r.srv.cfg.Prices.Currency()
+	}
+	_, qs, err := r.store.inner.(buckets.Inspector).Inspect(context.Background(), nil, []buckets.Quota{bq})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +179,7 @@ func TestCostBudgetRefusalAndUnpriced(t *testing.T) {
 	if o := r.outcome(t); o.Decision != "bad_request" || o.Reserved != 0 {
 		t.Errorf("outcome %+v; want bad_request, nothing reserved", o)
 	}
-	if got := r.quotaSpent(t, spend, quotaKey("p", "spend", globalPart, buckets.Money, "USD")); got != 700_000 {
+	if got := r.quotaSpent(t, spend, bucketKey("p", "spend", globalPart)); got != 700_000 {
 		t.Errorf("spent %v, want 700000", got)
 	}
 }
@@ -229,7 +232,7 @@ func hardCostBudgetCut(t *testing.T, store buckets.Store) {
 	if err != nil || want != billed {
 		t.Fatalf("the price table prices the usage at %v, %v; the test expects %d", want, err, billed)
 	}
-	if got := r.quotaSpent(t, spend, quotaKey("p", "spend", globalPart, buckets.Money, "USD")); got != float64(want) {
+	if got := r.quotaSpent(t, spend, bucketKey("p", "spend", globalPart)); got != float64(want) {
 		t.Errorf("quota spent %v, want the billed %d", got, want)
 	}
 }
@@ -255,7 +258,7 @@ func TestHardCostBudgetDuplexOverrunsByOneEventAtMost(t *testing.T) {
 	if !o.CutOff || len(o.Quotas) != 1 || o.Quotas[0].Amount != charged {
 		t.Errorf("outcome %+v; want cut off and %d micro-units charged", o, charged)
 	}
-	spent := r.quotaSpent(t, spend, quotaKey("p", "spend", globalPart, buckets.Money, "USD"))
+	spent := r.quotaSpent(t, spend, bucketKey("p", "spend", globalPart))
 	if spent != charged || spent > spend.Limit+extendBatch*50_000 {
 		t.Errorf("spent %v; want %d, within the budget and one extend batch", spent, charged)
 	}

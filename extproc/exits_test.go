@@ -69,8 +69,7 @@ func checkExit(t *testing.T, r *rig, pol Policy, tokens int, money pricing.Micro
 		t.Errorf("bucket at %v, want %v (capacity less the %d tokens charged)", got, want, tokens)
 	}
 	if len(pol.Quotas) > 0 {
-		q := pol.Quotas[0]
-		if got := r.quotaSpent(t, q, quotaKey(pol.Name, q.Name, globalPart, q.Unit, "USD")); got != float64(money) {
+		if got := r.quotaSpent(t, pol.Quotas[0], key(pol.Quotas[0].Name)); got != float64(money) {
 			t.Errorf("quota spent %v micro-units, want %d", got, money)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -36,12 +35,15 @@ import (
 // Query escaping turns every '!' into "%21", so the reserved forms cannot
 // be reached by any identity value.
 //
-// A quota of money is keyed by its currency too, "!" and the ISO code after
-// the rule (tg:<policy>:<rule>!USD:<identity>): its spend is micro-units of
-// that currency, a quota of tokens' is tokens, and the store keeps a number
-// without its unit. A quota switched between tokens: and cost: (or priced
-// in another currency) starts a spend of its own in the new unit, and finds
-// the old unit's again if switched back, on every store alike.
+// Quota keys follow it too, whatever the quota's unit: a quota switched
+// between tokens: and cost: keeps its key, as it did in every release. The
+// store records the unit with the spend instead (buckets.Quota.Tag: tokens,
+// or money and its currency) and reads a spend recorded in another unit as
+// nothing spent: the window starts afresh in the new unit, and the first
+// admission in it replaces the old unit's spend. A spend recorded without
+// a unit, by a release before the tag, is read as the quota's configured
+// unit, which is what that release meant by it: an upgrade keeps every
+// window's spend.
 const keyPrefix = "tg:"
 
 const (
@@ -62,16 +64,6 @@ func bucketKey(policy, rule, part string) string {
 	b.WriteByte(':')
 	b.WriteString(part)
 	return b.String()
-}
-
-// quotaKey is the store key of a quota: the bucket key of its rule, with
-// the currency of a quota of money after the rule.
-func quotaKey(policy, rule, part string, unit buckets.Unit, currency string) string {
-	if unit == buckets.Money {
-		rule = url.QueryEscape(rule) + "!" + currency
-		return keyPrefix + url.QueryEscape(policy) + ":" + rule + ":" + part
-	}
-	return bucketKey(policy, rule, part)
 }
 
 // identityPart is the key part of an identity value: escaped, or hashed

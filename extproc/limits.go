@@ -179,8 +179,11 @@ func (p *processor) quota(r QuotaRule) buckets.Quota {
 	} else {
 		limit = cmp.Or(id.Tokens, tier.Tokens, limit)
 	}
-	key := quotaKey(p.policy, r.Name, p.keyPart(r.Per), r.Unit, p.currency())
-	return buckets.Quota{Name: r.Name, Key: key, Window: r.Window, Unit: r.Unit, Limit: limit, Hard: r.Hard}
+	q := buckets.Quota{Name: r.Name, Key: p.key(r.Name, r.Per, false), Window: r.Window, Unit: r.Unit, Limit: limit, Hard: r.Hard}
+	if r.Unit == buckets.Money {
+		q.Currency = p.currency()
+	}
+	return q
 }
 
 // limits are the buckets and quotas of the policy's chain for this

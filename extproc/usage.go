@@ -209,7 +209,11 @@ func (s *Server) Spenders(ctx context.Context, policy, quota string, top int) (b
 	}
 	r := pol.Quotas[i]
 	p := &processor{s: s, pol: pol, policy: pol.Name}
-	list, err := l.ListSpend(ctx, buckets.SpendQuery{Prefix: quotaKey(pol.Name, r.Name, "", r.Unit, p.currency()), Window: r.Window, Top: top})
+	q := buckets.SpendQuery{Prefix: bucketKey(pol.Name, r.Name, ""), Window: r.Window, Unit: r.Unit, Top: top}
+	if r.Unit == buckets.Money {
+		q.Currency = p.currency()
+	}
+	list, err := l.ListSpend(ctx, q)
 	if err != nil {
 		return buckets.SpendList{}, fmt.Errorf("spenders: %w", err)
 	}

@@ -425,6 +425,7 @@ func runVectors(t *testing.T, open Open, mark func(buckets.Bucket) buckets.Bucke
 	}
 	t.Run("inspect", func(t *testing.T) { RunInspect(t, open) })
 	t.Run("list spend", func(t *testing.T) { RunListSpend(t, open) })
+	t.Run("unit switch", func(t *testing.T) { RunUnitSwitch(t, open) })
 }
 
 // RunInvalid checks that every store refuses invalid input with an error

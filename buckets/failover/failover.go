@@ -139,6 +139,13 @@ type Options struct {
 	// Now is the clock for back-off and the fallback store; nil means
 	// time.Now.
 	Now func() time.Time
+	// Currency is the currency of quotas of money (buckets.Quota.Currency)
+	// for the writes LoadPending reads: a release before quotas recorded
+	// their unit with the spend saved quotas of money without one, which
+	// meant the currency configured then. LoadPending gives it to every
+	// quota of money that has none, so that its replay charges the window
+	// in that currency instead of in none.
+	Currency string
 	// Logger receives one line per outage start and end.
 	Logger *slog.Logger
 	// OnFallback, if set, is called for every operation answered while the

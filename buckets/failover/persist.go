@@ -48,12 +48,31 @@ func (s *Store) LoadPending(r io.Reader) (int, error) {
 		if err := p.validate(); err != nil {
 			return 0, fmt.Errorf("failover: load pending writes: entry %d: %w", i, err)
 		}
+		p.withCurrency(s.opts.Currency)
 	}
 	s.mu.Lock()
 	s.pending = append(f.Pending, s.pending...)
 	s.mu.Unlock()
 	s.state()
 	return len(f.Pending), nil
+}
+
+// withCurrency gives currency to every quota of money of the write that
+// has none (see Options.Currency).
+func (p pendingOp) withCurrency(currency string) {
+	fill := func(q *buckets.Quota) {
+		if q.Unit == buckets.Money && q.Currency == "" {
+			q.Currency = currency
+		}
+	}
+	if p.R != nil {
+		for j := range p.R.Quotas {
+			fill(&p.R.Quotas[j])
+		}
+	}
+	for j := range p.Spends {
+		fill(&p.Spends[j].Quota)
+	}
 }
 
 // validate checks a pending write read from a file.

@@ -15,15 +15,21 @@ const maxQuotaMemo = 100_000
 // quotaMemo holds what the store knows of the shared quota windows.
 type quotaMemo struct {
 	mu sync.Mutex
-	// spent is, per quota key and window ID, the spend the primary last
+	// spent is, per quota key, window ID and unit, the spend the primary last
 	// reported.
 	spent map[quotaWindow]float64
-	// charged is, per quota key and window ID, the outage (see
+	// charged is, per quota key, window ID and unit, the outage (see
 	// Store.outages) in which the local store was charged the rest.
 	charged map[quotaWindow]int64
 }
 
-type quotaWindow struct{ key, window string }
+// quotaWindow names a quota's window in the quota's unit: a quota switched
+// to another unit (or currency) has a spend of its own (Quota.Tag).
+type quotaWindow struct {
+	key, window string
+	unit        buckets.Unit
+	currency    string
+}
 
 // noteSpend remembers the spend of each quota window of a decision of the
 // primary.
@@ -38,7 +44,7 @@ func (s *Store) noteSpend(req buckets.Request, d buckets.Decision) {
 		m.spent = make(map[quotaWindow]float64, len(req.Quotas))
 	}
 	for j, q := range req.Quotas {
-		k := quotaWindow{q.Key, d.Quotas[j].Window}
+		k := quotaWindow{q.Key, d.Quotas[j].Window, q.Unit, q.Currency}
 		if _, ok := m.spent[k]; !ok && len(m.spent) >= maxQuotaMemo {
 			clear(m.spent)
 		}
@@ -66,7 +72,7 @@ func (s *Store) chargeRest(ctx context.Context, qs []buckets.Quota) error {
 		m.charged = make(map[quotaWindow]int64, len(qs))
 	}
 	for _, q := range qs {
-		k := quotaWindow{q.Key, q.Window.ID(now)}
+		k := quotaWindow{q.Key, q.Window.ID(now), q.Unit, q.Currency}
 		if m.charged[k] == outage {
 			continue
 		}

@@ -295,3 +295,54 @@ func TestShutdownSavesWhatItCannotReplay(t *testing.T) {
 		}
 	}
 }
+
+// A release before quotas recorded their unit saved quotas of money
+// without a currency; loaded with Options.Currency, their replay charges
+// the window in that currency, which the fleet reads and writes since.
+func TestLoadPendingGivesQuotasOfMoneyTheCurrency(t *testing.T) {
+	srv := redistest.StartPersistent(t)
+	gw := newGateway(t, srv.Addr, redisstore.Options{}, failover.Options{Mode: failover.Open})
+	ctx := context.Background()
+	earlier := buckets.Quota{Name: "spend", Key: "team", Window: dayWindow(t), Unit: buckets.Money, Limit: 5_000_000}
+	usd := earlier
+	usd.Currency = "USD"
+	d, err := gw.rs.Reserve(ctx, buckets.Request{Money: 1000, Quotas: []buckets.Quota{usd}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v", d, err)
+	}
+	d.Reservation.Spent = 1000
+	if _, err := gw.rs.Settle(ctx, d.Reservation, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	during, err := gw.fo.Reserve(ctx, buckets.Request{Money: 500, Quotas: []buckets.Quota{earlier}})
+	if err != nil || !during.OK {
+		t.Fatalf("Reserve failing open = %+v, %v", during, err)
+	}
+	during.Reservation.Spent = 400
+	if _, err := gw.fo.Settle(ctx, during.Reservation, 0); err != nil && !errors.Is(err, buckets.ErrStore) {
+		t.Fatal(err)
+	}
+	var file bytes.Buffer
+	if n, err := gw.fo.SavePending(&file); err != nil || n == 0 {
+		t.Fatalf("SavePending = %d, %v; want the outage's spend", n, err)
+	}
+	srv.Restart()
+	next := newGateway(t, srv.Addr, redisstore.Options{}, failover.Options{Mode: failover.Open, Currency: "USD"})
+	if _, err := next.fo.LoadPending(bytes.NewReader(file.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	left := next.fo.Drain(dctx)
+	cancel()
+	if left != 0 {
+		t.Fatalf("%d writes not replayed", left)
+	}
+	_, qs, err := next.rs.Inspect(ctx, nil, []buckets.Quota{usd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qs[0].Spent != 1400 {
+		t.Errorf("after the replay the quota in USD has spent %v, want 1000 + the outage's 400", qs[0].Spent)
+	}
+}

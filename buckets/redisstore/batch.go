@@ -80,9 +80,9 @@ type op struct {
 
 func (o *op) numbers() int {
 	if o.reserve {
-		return 8 + 7*len(o.g.buckets) + 4*len(o.g.quotas) + 3*len(o.g.slots)
+		return 8 + 7*len(o.g.buckets) + 5*len(o.g.quotas) + 3*len(o.g.slots)
 	}
-	n := 5 + 7*len(o.g.buckets) + 3*len(o.g.quotas) + len(o.g.slots)
+	n := 5 + 7*len(o.g.buckets) + 4*len(o.g.quotas) + len(o.g.slots)
 	if o.marker != "" {
 		n += 2
 	}
@@ -355,7 +355,17 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 	nqk := len(k.keys) - nbk
 	packed := make([]byte, 0, 8*count)
 	packed = pack(packed, float64(len(batch)), float64(nbk), float64(nqk), maxInline, repeatUS)
-	args := make([]any, 3, 3+len(batch))
+	args := make([]any, 3, 3+len(batch)+2)
+	var tags []string // the quotas' unit tags, each once, after the IDs
+	tagOf := func(q buckets.Quota) float64 {
+		for i, t := range tags {
+			if q.ReadsTag(t) {
+				return float64(i + 1)
+			}
+		}
+		tags = append(tags, q.Tag())
+		return float64(len(tags))
+	}
 	for _, o := range batch {
 		rec := 0.0
 		if o.record != "" {
@@ -391,10 +401,10 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 			qkeys = qkeys[1:]
 			ttl := quotaTTL(o.spans[j], now)
 			if o.reserve {
-				packed = pack(packed, ki, q.Limit, o.quotaAmount(q), ttl)
+				packed = pack(packed, ki, q.Limit, o.quotaAmount(q), ttl, tagOf(q))
 				continue
 			}
-			packed = pack(packed, ki, o.qdelta(j), ttl)
+			packed = pack(packed, ki, o.qdelta(j), ttl, tagOf(q))
 		}
 		for _, j := range o.g.slots {
 			sl := o.ss[j]
@@ -404,6 +414,9 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 			}
 		}
 		args = append(args, o.id)
+	}
+	for _, t := range tags {
+		args = append(args, t)
 	}
 	args[0], args[1], args[2] = s.nowArg(), structFormat(count), string(packed)
 	return k.keys, args

@@ -32,11 +32,21 @@ package redisstore
 //     its latest record. Once a key expires the bucket is full anyway, so
 //     idle buckets vanish without changing any answer.
 //   - A quota's spend in one calendar window is one string key holding one
-//     packed double; a missing key is nothing spent. Windows are calendar
-//     arithmetic in a time zone, which Lua cannot do: the gateway names
-//     the window in the key and passes its TTL (until the window's end and
-//     a slack), so each window starts from zero and then vanishes. A TTL of
-//     zero or less (a settlement arriving after the slack) writes nothing.
+//     packed double followed by the tag of the quota's unit
+//     (buckets.Quota.Tag: "t" for tokens, "$USD" for money in USD); a
+//     missing key is nothing spent. A value of another unit's tag is
+//     nothing spent in the quota's unit: a reserve that admits replaces it
+//     (the window starts afresh in the new unit), while a settlement,
+//     replay, added spend or extension, which change what a reservation
+//     charged in its own unit, leave it alone. A value of the double alone
+//     (8 bytes, as releases before the tag wrote it) is the spend of
+//     whatever unit the quota has, and the next write tags it: an upgrade
+//     keeps every window's spend. Comparing tags costs a string.sub and a
+//     string comparison, no table. Windows are calendar arithmetic in a
+//     time zone, which Lua cannot do: the gateway names the window in the
+//     key and passes its TTL (until the window's end and a slack), so each
+//     window starts from zero and then vanishes. A TTL of zero or less (a
+//     settlement arriving after the slack) writes nothing.
 const luaNow = `
 local now
 if ARGV[1] ~= '' then
@@ -128,20 +138,21 @@ end
 // KEYS: every key of the batch once: first the nbk bucket keys, then the
 // nqk quota keys, then slot, record and marker keys.
 // ARGV: now, struct format and packed numbers, then one reservation ID per
-// operation. Numbers: nops, nbk, nqk, maxInline, the repeat window (µs);
-// then per operation its kind, nb, ns, nq, record key index (0 for none),
-// and
+// operation, then the unit tags of the batch's quotas, each once. Numbers:
+// nops, nbk, nqk, maxInline, the repeat window (µs); then per operation its
+// kind, nb, ns, nq, record key index (0 for none), and
 //   - reserve (kind 1): cost, max wait (s), lifetime (µs); per bucket key
 //     index, capacity, rate, low, TTL from low (ms), hard (1/0), reserve
 //     (the headroom it must leave); per quota key index, limit, amount,
-//     TTL (ms); per slot key index, max, lease (µs);
+//     TTL (ms), tag index (1-based, into the tags); per slot key index,
+//     max, lease (µs);
 //   - settle (kind 2 plus 1 to leave a tombstone, plus 2 for a replay, plus
 //     4 for a replay of a settlement that may have applied): for a replay
 //     its marker key index and the marker's TTL (ms); per bucket key index,
 //     capacity, rate, low, TTL from low (ms), floor (-inf for none), delta
 //     (charged minus used; positive refunds); per quota key index, delta
-//     (used minus charged: the change of the spend), TTL (ms); per slot key
-//     index.
+//     (used minus charged: the change of the spend), TTL (ms), tag index;
+//     per slot key index.
 //
 // A reserve that admits takes cost from every bucket, its amount from every
 // quota, a lease from every slot, and writes the reservation's record: in
@@ -152,7 +163,9 @@ end
 // unexpired, and removes it, so it runs once per reservation and a settled
 // request leaves nothing behind (S8). Debits stop at the floor; what they
 // would take below it is forgiven (S9, S14). A quota's spend has no floor
-// but zero.
+// but zero. A quota's spend in another unit than the operation's is
+// nothing spent for a reserve, which replaces it when it takes, and is
+// left alone by a settle (see the conventions above).
 //
 // Every operation is safe to repeat (its reply lost, the gateway sends it
 // again; both copies may run, in either order):
@@ -202,18 +215,24 @@ local nops, nbk, nqk, maxinline, window = p[1], p[2], p[3], p[4], p[5]
 -- its bytes: records are cut and joined only where they change.
 local B = {false, false, false, false, false, false, false, false, false, false, false, false,
   false, false, false, false, false, false, false, false, false, false, false, false}
--- Per quota key index, when the batch has quotas: the spend (S), whether
--- the key exists (E: its TTL, the window's end, stays), and the TTL of its
--- write (QW).
-local S, E, QW
+-- Per quota key index, when the batch has quotas: the spend (S), its
+-- unit's tag (T: '' for a missing key and for a value without tag, which
+-- every unit reads as its own), whether the key exists (E: its TTL, the
+-- window's end, stays), and the TTL of its write (QW). The tags of the
+-- operations are ARGV[tg0 + i].
+local S, T, E, QW
+local tg0 = 3 + nops
 if nbk + nqk == 1 then
   local v = redis.call('GET', KEYS[1])
   if v and nbk == 1 then
     B[1], B[2] = struct.unpack('<dd', v)
     if #v > 16 then B[4], B[5], B[8] = v, (struct.unpack('<d', v, 17)), 25 end
   elseif nbk == 0 then
-    S, E, QW = {0}, {}, {}
-    if v then S[1], E[1] = struct.unpack('<d', v), true end
+    S, T, E, QW = {0}, {''}, {}, {}
+    if v then
+      S[1], E[1] = struct.unpack('<d', v), true
+      if #v > 8 then T[1] = string.sub(v, 9) end
+    end
   end
 elseif nbk + nqk > 0 then
   local vs = redis.call('MGET', unpack(KEYS, 1, nbk + nqk))
@@ -226,10 +245,11 @@ elseif nbk + nqk > 0 then
     end
   end
   if nqk > 0 then
-    S, E, QW = {}, {}, {}
+    S, T, E, QW = {}, {}, {}, {}
     for i = nbk + 1, nbk + nqk do
       local v = vs[i]
       if v then S[i], E[i] = struct.unpack('<d', v), true else S[i] = 0 end
+      if v and #v > 8 then T[i] = string.sub(v, 9) else T[i] = '' end
     end
   end
 end
@@ -276,7 +296,7 @@ for o = 1, nops do
     local cost, maxwait, life = p[a + 5], p[a + 6], p[a + 7]
     local b0 = a + 8
     local q0 = b0 + 7 * nb
-    local s0 = q0 + 4 * nq
+    local s0 = q0 + 5 * nq
     a = s0 + 3 * ns
     -- Has a copy of this reserve run (seen 1), or has it been cancelled
     -- (seen 2)? See the conventions above.
@@ -333,11 +353,13 @@ for o = 1, nops do
     end
     local over = false
     for j = 0, nq - 1 do
-      local q = q0 + 4 * j
-      local lim, amt = p[q + 1], p[q + 2]
+      local q = q0 + 5 * j
+      local k, lim, amt = p[q], p[q + 1], p[q + 2]
+      local s = S[k]
+      if T[k] ~= '' and T[k] ~= ARGV[tg0 + p[q + 4]] then s = 0 end
       if amt > lim then
         status = 3
-      elseif S[p[q]] + amt > lim then
+      elseif s + amt > lim then
         over = true
       end
     end
@@ -371,13 +393,17 @@ for o = 1, nops do
       nv = nv + 2
     end
     for j = 0, nq - 1 do
-      local q = q0 + 4 * j
-      local k = p[q]
+      local q = q0 + 5 * j
+      local k, tag = p[q], ARGV[tg0 + p[q + 4]]
+      local s = S[k]
+      if T[k] ~= '' and T[k] ~= tag then s = 0 end
       if take then
-        S[k], QW[k] = S[k] + p[q + 2], p[q + 3]
+        s = s + p[q + 2]
+        S[k], QW[k] = s, p[q + 3]
+        if s > 0 then T[k] = tag else T[k] = '' end
       end
       nv = nv + 1
-      vals[nv] = S[k]
+      vals[nv] = s
     end
     if take then
       for j = 0, ns - 1 do
@@ -438,7 +464,7 @@ for o = 1, nops do
     local mk, mttl
     if replay then mk, mttl, b0 = p[a + 5], p[a + 6], a + 7 end
     local q0 = b0 + 7 * nb
-    local s0 = q0 + 3 * nq
+    local s0 = q0 + 4 * nq
     a = s0 + ns
     -- apply: 2 all of it, 1 its debits only, 0 nothing.
     local apply = 2
@@ -529,12 +555,15 @@ for o = 1, nops do
     end
     if apply > 0 then
       for j = 0, nq - 1 do
-        local q = q0 + 3 * j
-        local k, d = p[q], p[q + 1]
-        if apply == 1 and d < 0 then d = 0 end
-        local sp = S[k] + d
-        if sp < 0 then sp = 0 end
-        S[k], QW[k] = sp, p[q + 2]
+        local q = q0 + 4 * j
+        local k, d, tag = p[q], p[q + 1], ARGV[tg0 + p[q + 3]]
+        if T[k] == '' or T[k] == tag then
+          if apply == 1 and d < 0 then d = 0 end
+          local sp = S[k] + d
+          if sp < 0 then sp = 0 end
+          S[k], QW[k] = sp, p[q + 2]
+          if sp > 0 then T[k] = tag else T[k] = '' end
+        end
       end
       for j = 0, ns - 1 do redis.call('ZREM', KEYS[p[s0 + j]], id) end
     end
@@ -544,9 +573,9 @@ if QW then
   for k, ttl in pairs(QW) do
     if ttl > 0 then
       if S[k] > 0 and E[k] then
-        redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'KEEPTTL')
+        redis.call('SET', KEYS[k], struct.pack('<d', S[k]) .. T[k], 'KEEPTTL')
       elseif S[k] > 0 then
-        redis.call('SET', KEYS[k], struct.pack('<d', S[k]), 'PX', string.format('%d', ttl))
+        redis.call('SET', KEYS[k], struct.pack('<d', S[k]) .. T[k], 'PX', string.format('%d', ttl))
       else
         redis.call('DEL', KEYS[k])
       end
@@ -630,14 +659,16 @@ return struct.pack(string.sub(ARGV[2], 1, nv + 1), unpack(vals, 1, nv))
 //
 // KEYS: n bucket keys, then nq quota keys, then the marker key. ARGV: now,
 // n, amount; per bucket capacity, rate, low, TTL from low (ms); nq; per
-// quota limit, amount, TTL (ms); the extension's number, 1 to debit or 2
-// to undo, the marker's TTL (ms).
+// quota limit, amount, TTL (ms), unit tag; the extension's number, 1 to
+// debit or 2 to undo, the marker's TTL (ms). A quota whose spend is in
+// another unit is checked as nothing spent and not written, by a debit
+// and by its undo alike (see the conventions above).
 // Returns 1 when debited (or undone), 0 when refused.
 const extendLua = luaPrelude + `
 local n, amt = ARGV[2] + 0, ARGV[3] + 0
 local q0 = 4 * n + 4
 local nq = ARGV[q0] + 0
-local x = q0 + 3 * nq + 1
+local x = q0 + 4 * nq + 1
 local seq, mode, mk = ARGV[x] + 0, ARGV[x + 1], KEYS[n + nq + 1]
 local last, res = 0, 0
 local mv = redis.call('GET', mk)
@@ -657,12 +688,12 @@ if mode == '2' then
       put(KEYS[i], l, t, r, m, cap, ARGV[a + 1] + 0, ARGV[a + 2] + 0, ARGV[a + 3])
     end
     for j = 1, nq do
-      local a = q0 + 3 * j - 2
+      local a = q0 + 4 * j - 3
       local v = redis.call('GET', KEYS[n + j])
-      if v then
+      if v and (#v == 8 or string.sub(v, 9) == ARGV[a + 3]) then
         local s = struct.unpack('<d', v) - ARGV[a + 1]
         if s > 0 then
-          redis.call('SET', KEYS[n + j], struct.pack('<d', s), 'KEEPTTL')
+          redis.call('SET', KEYS[n + j], struct.pack('<d', s) .. ARGV[a + 3], 'KEEPTTL')
         else
           redis.call('DEL', KEYS[n + j])
         end
@@ -686,20 +717,22 @@ end
 local sp = {}
 for j = 1, nq do
   local v = redis.call('GET', KEYS[n + j])
-  local s = 0
-  if v then s = struct.unpack('<d', v) end
-  local a = q0 + 3 * j - 2
+  local a = q0 + 4 * j - 3
+  local s, mine = 0, true
+  if v then
+    if #v == 8 or string.sub(v, 9) == ARGV[a + 3] then s = struct.unpack('<d', v) else mine = false end
+  end
   if s + ARGV[a + 1] > ARGV[a] + 0 then mark(0); return 0 end
-  sp[j] = s
+  sp[j] = mine and s
 end
 for i = 1, n do
   local a = 4 * i
   put(KEYS[i], lv[i] - amt, ts[i], rs[i], ms[i], ARGV[a] + 0, ARGV[a + 1] + 0, ARGV[a + 2] + 0, ARGV[a + 3])
 end
 for j = 1, nq do
-  local a = q0 + 3 * j - 2
-  if ARGV[a + 2] + 0 > 0 then
-    redis.call('SET', KEYS[n + j], struct.pack('<d', sp[j] + ARGV[a + 1]), 'PX', ARGV[a + 2])
+  local a = q0 + 4 * j - 3
+  if sp[j] and ARGV[a + 2] + 0 > 0 then
+    redis.call('SET', KEYS[n + j], struct.pack('<d', sp[j] + ARGV[a + 1]) .. ARGV[a + 3], 'PX', ARGV[a + 2])
   end
 end
 mark(1)
@@ -710,9 +743,9 @@ return 1
 // nothing.
 //
 // KEYS: n bucket keys, then quota keys. ARGV: now, n; per bucket capacity,
-// rate.
+// rate; per quota its unit tag.
 // Returns one packed string of doubles: per bucket its level and hold
-// (µs), then per quota its spend.
+// (µs), then per quota its spend (0 for a spend in another unit).
 const inspectLua = luaPrelude + `
 local n = ARGV[2] + 0
 local out = {}
@@ -723,7 +756,11 @@ for i = 1, n do
 end
 for j = n + 1, #KEYS do
   local v = redis.call('GET', KEYS[j])
-  if v then out[#out + 1] = struct.unpack('<d', v) else out[#out + 1] = 0 end
+  if v and (#v == 8 or string.sub(v, 9) == ARGV[n + 2 + j]) then
+    out[#out + 1] = struct.unpack('<d', v)
+  else
+    out[#out + 1] = 0
+  end
 end
 return struct.pack('<' .. string.rep('d', #out), unpack(out))
 `

@@ -24,7 +24,9 @@ var _ buckets.SpendLister = (*Store)(nil)
 // all query.MaxReads spends; a scan stopped by either bound says so
 // (SpendList.Complete false). A quota key so long that the store hashes it
 // (see keyPart) does not match and is not listed: that takes policy and
-// rule names of more than about 60 bytes together.
+// rule names of more than about 60 bytes together. A spend in another unit
+// than the query's (SpendQuery.ReadsTag) is not the quota's and is not
+// listed.
 const (
 	scanCount = 1000
 	scanPages = 100
@@ -42,7 +44,7 @@ func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.Sp
 	defer cancel()
 	span := s.spans.Span(q.Window, s.now())
 	head, tail := s.prefix+"q:{"+escape(q.Prefix), "}:"+span.ID
-	l := &spendScan{pattern: globEscape(head) + "*" + globEscape(tail), head: head, tail: tail, max: q.MaxReads(), complete: true}
+	l := &spendScan{pattern: globEscape(head) + "*" + globEscape(tail), head: head, tail: tail, query: q, max: q.MaxReads(), complete: true}
 	switch c := s.c.(type) {
 	case *redis.ClusterClient:
 		err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return l.node(ctx, node, true) })
@@ -61,6 +63,7 @@ func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.Sp
 // are scanned concurrently.
 type spendScan struct {
 	pattern, head, tail string
+	query               buckets.SpendQuery
 	max                 int
 
 	mu       sync.Mutex
@@ -106,8 +109,8 @@ func (l *spendScan) add(keys []string, values []any) bool {
 	defer l.mu.Unlock()
 	for i, k := range keys {
 		v, _ := values[i].(string)
-		if len(v) != 8 {
-			continue // expired between the scan and the read
+		if len(v) < 8 || !l.query.ReadsTag(v[8:]) {
+			continue // expired between the scan and the read, or in another unit
 		}
 		spent := math.Float64frombits(binary.LittleEndian.Uint64([]byte(v)))
 		id := strings.TrimSuffix(strings.TrimPrefix(k, l.head), l.tail)

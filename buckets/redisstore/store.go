@@ -9,7 +9,12 @@
 // A bucket with key K is the string <prefix>b:{K}, a concurrency limit is the
 // sorted set <prefix>c:{K}, the spend of a quota with key K in the calendar
 // window W (buckets.Window.ID: 2026-03, 2026-W13, 2026-03-29) is the string
-// <prefix>q:{K}:W (K escaped so that it contains no braces). An
+// <prefix>q:{K}:W (K escaped so that it contains no braces), whatever the
+// quota's unit: its value is the spend, a packed double, followed by the
+// tag of the unit it counts (buckets.Quota.Tag), so that a quota switched
+// between tokens and money, or to another currency, reads the other unit's
+// spend as nothing spent, and a value without tag (written before the tag
+// was) as its own unit's (see lua.go). An
 // open reservation has a record, which makes its settlement once-only: in
 // the value of the first bucket of its chain (or of its cluster group), or,
 // past a few per bucket, in the sorted set <prefix>r (<prefix>r:{T} in a
@@ -961,7 +966,7 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	// call runs the extension, or its undo, in group g.
 	call := func(ctx context.Context, g group, undo bool) ([]any, error) {
 		keys := make([]string, 0, len(g.buckets)+len(g.quotas)+1)
-		args := make([]any, 0, 7+4*len(g.buckets)+3*len(g.quotas))
+		args := make([]any, 0, 7+4*len(g.buckets)+4*len(g.quotas))
 		args = append(args, nowArg, len(g.buckets), num(n))
 		for _, i := range g.buckets {
 			keys = append(keys, s.bucketKey(hard[i].Key))
@@ -972,7 +977,7 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 		for _, j := range g.quotas {
 			q, span := hardQ[j], r.Windows[indexQ[j]]
 			keys = append(keys, s.quotaKey(q.Key, span.ID))
-			args = append(args, num(q.Limit), num(r.ExtendQuota(q, n)), strconv.FormatFloat(quotaTTL(span, now), 'f', 0, 64))
+			args = append(args, num(q.Limit), num(r.ExtendQuota(q, n)), strconv.FormatFloat(quotaTTL(span, now), 'f', 0, 64), q.Tag())
 		}
 		keys = append(keys, s.prefix+"x:{"+g.tag+"}:"+id)
 		mode := "1"
@@ -1036,6 +1041,7 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 		}
 		for _, j := range g.quotas {
 			keys = append(keys, s.quotaKey(qs[j].Key, spans[j].ID))
+			args = append(args, qs[j].Tag())
 		}
 		out, err := s.run(ctx, inspectScript, keys, args)
 		if err != nil {

@@ -175,6 +175,11 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		// Probes bypass the metrics wrapper: they are not bucket
 		// operations.
 		opts.Probe, _ = primary.(failover.Pinger)
+		// Writes saved by a release before quotas recorded their unit
+		// meant this currency for quotas of money.
+		if t := cfg.Prices(); t != nil {
+			opts.Currency = t.Currency()
+		}
 		if cfg.Store.OnFailure == "open" {
 			opts.Mode = failover.Open
 			opts.Fallback = cfg.Store.Fallback.Limit()
