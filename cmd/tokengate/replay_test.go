@@ -121,7 +121,8 @@ policies:
 			return fmt.Errorf("quota keys %q, %v", keys, err)
 		}
 		v, err := client.Get(context.Background(), keys[0]).Bytes()
-		if err != nil || len(v) != 8 {
+		// A packed double and the unit's tag ("t": tokens).
+		if err != nil || len(v) != 9 || v[8] != 't' {
 			return fmt.Errorf("quota value %q, %v", v, err)
 		}
 		if got := math.Float64frombits(bin.LittleEndian.Uint64(v)); got != used {
