@@ -131,3 +131,15 @@ func NewID() string {
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return hex.EncodeToString(b[:])
 }
+
+// DescriptorKey is the store key of the bucket of a rate-limit descriptor
+// that carries its own limit where the mapping has none: one per domain
+// and list of entries (key=value each), as envoyproxy/ratelimit keeps one
+// counter for them. Its policy part "!rls" is reserved: an escaped policy
+// name never starts with '!'.
+func DescriptorKey(domain string, entries []string) string {
+	for i, e := range entries {
+		entries[i] = url.QueryEscape(e)
+	}
+	return keyPrefix + "!rls:" + url.QueryEscape(domain) + ":" + identityPart(strings.Join(entries, "&"))
+}
