@@ -112,13 +112,13 @@ func stores(t *testing.T) map[string]func(t *testing.T) buckets.Store {
 			srv := redisServer(t)
 			c := redis.NewClient(&redis.Options{Addr: srv})
 			t.Cleanup(func() { c.Close() })
-			return redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":"})
+			return redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
 		},
 		"cluster": func(t *testing.T) buckets.Store {
 			addrs := redisCluster(t)
 			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 			t.Cleanup(func() { c.Close() })
-			return redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":", Cluster: true})
+			return redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":", Cluster: true})
 		},
 	}
 }
@@ -483,7 +483,7 @@ func TestChargeAppliesOnceAfterTimeout(t *testing.T) {
 	addr := redisServer(t)
 	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: timeout, WriteTimeout: timeout})
 	t.Cleanup(func() { c.Close() })
-	st := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":"})
+	st := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
 	r := newRig(t, st, mappingYAML)
 	// Warm up: the scripts loaded, the connection open.
 	r.call(t, hits(desc("user", "warm"), 0))
