@@ -6,9 +6,9 @@ import (
 )
 
 // NeedsRestart lists the top-level keys whose values differ between c and
-// n other than policies, default_policy and rls: a running tokengate
-// reloads those three (the policies' tiers and overrides included) and
-// nothing else.
+// n other than policies, default_policy, rls and ratelimit (whose files
+// become policies and rls domains): a running tokengate reloads those (the
+// policies' tiers and overrides included) and nothing else.
 // Listeners, the store, the tokenizer, the admin API, the metadata keys
 // and the shutdown grace are fixed when it starts: their sockets,
 // connections, counter and Envoy's side are built from them once.
@@ -17,6 +17,7 @@ func (c *Config) NeedsRestart(n *Config) []string {
 	a.Policies, b.Policies = nil, nil
 	a.DefaultPolicy, b.DefaultPolicy = "", ""
 	a.RLS, b.RLS = nil, nil
+	a.Ratelimit, b.Ratelimit = nil, nil
 	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
 	var keys []string
 	for i := range va.NumField() {

@@ -12,16 +12,21 @@ import (
 	"testing"
 	"time"
 
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/redisstore"
 	"github.com/tokengate/tokengate/envoy/standin"
+	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/rls"
 )
 
@@ -476,6 +481,311 @@ func TestRLSScenario34ExactUnderConcurrentHits(t *testing.T) {
 		wg.Wait()
 		if passed != 3 {
 			t.Errorf("%d of 12 parallel requests passed a limit of 3", passed)
+		}
+	})
+}
+
+// Scenarios 10 and 11: a store slower than the filter's timeout: Envoy
+// fails open (forwarded) or closed (500) as configured; the charge the
+// store was running still applies, once.
+func TestRLSScenario10SlowStoreFailsOpen(t *testing.T) {
+	slowStore(t, "", 200)
+}
+
+func TestRLSScenario11SlowStoreFailsClosed(t *testing.T) {
+	slowStore(t, "failure_mode_deny: true\n", 500)
+}
+
+func slowStore(t *testing.T, extra string, want int) {
+	addr := redisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	store := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
+	s := newScene(t, store, egFilter+"timeout: 0.1s\n"+extra, nil)
+	s.do(t, "x-tenant-id", "warm") // the scripts loaded, the connection open
+	redistest.Sleep(t, addr, 400*time.Millisecond)
+	res := s.do(t, "x-tenant-id", "slow")
+	if res.status != want || res.header.Get("x-ratelimit-limit") != "" {
+		t.Fatalf("a store slower than the timeout: %d %v, want %d without x-ratelimit headers", res.status, res.header, want)
+	}
+	if st := s.proxy.Stats(); st.Error != 1 {
+		t.Errorf("stats %+v, want one error", st)
+	}
+	// The store finishes the charge Envoy gave up on, once.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l := s.rig.level(t, "tenant", "slow")
+		if l < 2.1 {
+			if l < 1.99 {
+				t.Errorf("level %v, want 2: the hit charged once", l)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("level %v: the slow charge never applied", l)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the store, with the deadline above
+	}
+}
+
+// Scenario 13: a service that cannot be reached fails at once with
+// UNAVAILABLE, and the filter's failure mode decides.
+func TestRLSScenario13Unreachable(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	for deny, want := range map[bool]int{false: 200, true: 500} {
+		f := egFilter
+		if deny {
+			f += "failure_mode_deny: true\n"
+		}
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+		t.Cleanup(up.Close)
+		u, _ := url.Parse(up.URL)
+		p, err := standin.NewRateLimitProxy(standin.RateLimitConfig{RLS: cc, Filter: filterOf(t, f), Upstream: u})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		front := httptest.NewServer(p)
+		t.Cleanup(front.Close)
+		req, err := http.NewRequest("GET", front.URL+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("x-tenant-id", "a")
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("deny %v: %d, want %d", deny, resp.StatusCode, want)
+		}
+	}
+}
+
+// Scenario 17: the status of a rule imported from ratelimit's week, month
+// and year units says that unit, and Envoy's x-ratelimit-limit its window.
+func TestRLSScenario17StatusUnits(t *testing.T) {
+	y := `
+store: {type: memory}
+tokenizer: {fallback_encoding: o200k_base}
+policies:
+  - name: p
+    identities: [{name: t, header: x-tenant-id}]
+    buckets:
+      - {name: week, per: t, tokens_per_minute: 0.0009920634920634920, burst: 10, max_debt: 10}
+      - {name: hour, per: t, tokens_per_minute: 0.5, burst: 30, max_debt: 30}
+rls:
+  domains:
+    - domain: default/eg/http
+      descriptors:
+        - {key: week, identity: t, policy: p, rules: [week]}
+        - {key: hour, identity: t, policy: p, rules: [hour]}
+`
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		for _, tt := range []struct{ key, limit string }{{"week", "10, 10;w=604800"}, {"hour", "30, 30;w=3600"}} {
+			f := "domain: default/eg/http\nenable_x_ratelimit_headers: DRAFT_VERSION_03\nrate_limits: [{actions: [{request_headers: {header_name: x-tenant-id, descriptor_key: " + tt.key + "}}]}]\n"
+			s := newScene(t, store, f, nil, y)
+			if res := s.do(t, "x-tenant-id", "a"); res.status != 200 || res.header.Get("x-ratelimit-limit") != tt.limit {
+				t.Errorf("%s: %d x-ratelimit-limit %q, want %q", tt.key, res.status, res.header.Get("x-ratelimit-limit"), tt.limit)
+			}
+		}
+	})
+}
+
+// Scenario 21: a descriptor whose entries were all skipped (none left)
+// meets no limit: OK.
+func TestRLSScenario21EmptyDescriptorIsOK(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		f := "domain: default/eg/http\nrate_limits: [{actions: [{request_headers: {header_name: x-tenant-id, descriptor_key: quiet, skip_if_absent: true}}]}]\n"
+		s := newScene(t, store, f, nil)
+		for range 3 {
+			if res := s.do(t); res.status != 200 {
+				t.Errorf("no entries: %d", res.status)
+			}
+		}
+		if res := s.do(t, "x-tenant-id", "a"); res.status != 200 {
+			t.Errorf("with the entry: %d", res.status)
+		}
+		if res := s.do(t, "x-tenant-id", "a"); res.status != 429 {
+			t.Errorf("with the entry, second hit of 1 a minute: %d", res.status)
+		}
+	})
+}
+
+// Scenario 23: a limit sent with the descriptor is the rule's for that
+// call: the bucket of 1 holds up to 7.
+func TestRLSScenario23LimitOverride(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		f := `
+domain: default/eg/http
+enable_x_ratelimit_headers: DRAFT_VERSION_03
+rate_limits:
+  - actions: [{request_headers: {header_name: x-tenant-id, descriptor_key: quiet}}]
+    limit: {rate_limit: {requests_per_unit: 7, unit: HOUR}}
+`
+		s := newScene(t, store, f, nil)
+		res := s.do(t, "x-tenant-id", "a")
+		if res.status != 200 || res.header.Get("x-ratelimit-limit") != "7, 7;w=3600" || res.header.Get("x-ratelimit-remaining") != "6" {
+			t.Errorf("own limit 7 an hour in place of the bucket's 1: %d %v, want remaining 6", res.status, res.header)
+		}
+	})
+}
+
+// Scenario 29: a gRPC client over the limit gets HTTP 200 with grpc-status
+// 14.
+func TestRLSScenario29GRPCClient(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		s := newScene(t, store, "domain: default/eg/http\nrate_limits: [{actions: [{request_headers: {header_name: x-tenant-id, descriptor_key: quiet}}], hits_addend: {number: 2}}]\n", nil)
+		req, err := http.NewRequest("POST", s.front.URL+"/pkg.Service/Method", strings.NewReader("\x00\x00\x00\x00\x00"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("content-type", "application/grpc")
+		req.Header.Set("x-tenant-id", "a")
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("grpc-status") != "14" {
+			t.Errorf("status %d, headers %v", resp.StatusCode, resp.Header)
+		}
+	})
+}
+
+// Scenario 7: after a 429 Envoy still makes the stream-done call, and its
+// hits are charged.
+func TestRLSScenario07ChargeAfterRefusal(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		s := newScene(t, store, costFilter, costs(structpb.NewNumberValue(1200)))
+		s.do(t, "x-user-id", "kai")
+		s.entry(t, 1) // -200: in debt
+		r := newRig(t, store, scenarioYAML)
+		cost := func(*http.Request) map[string]*structpb.Struct {
+			return map[string]*structpb.Struct{"io.envoy.ai_gateway": {Fields: map[string]*structpb.Value{"llm_total_token": structpb.NewNumberValue(300)}}}
+		}
+		p, err := standin.NewRateLimitProxy(standin.RateLimitConfig{RLS: serveService(t, r.svc), Filter: filterOf(t, costFilter), Metadata: cost, Next: costs()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		front := httptest.NewUnstartedServer(p)
+		front.Config = p.Server()
+		front.Start()
+		t.Cleanup(front.Close)
+		refused := &scene{proxy: p, front: front, rig: r}
+		if res := refused.do(t, "x-user-id", "kai"); res.status != 429 {
+			t.Fatalf("a check in debt: %d", res.status)
+		}
+		if e := refused.entry(t, 1); len(e.Calls) != 2 || !e.Calls[1].StreamDone {
+			t.Fatalf("calls %+v, want the stream-done charge", e.Calls)
+		}
+		if l := r.level(t, "user", "kai"); l < -500.1 || l > -499.9 {
+			t.Errorf("level %v, want -500: the refused request's 300 charged too", l)
+		}
+	})
+}
+
+// Scenario 14: timeout 0s sends no deadline; the service answers.
+func TestRLSScenario14NoDeadline(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		s := newScene(t, store, egFilter+"timeout: 0s\n", nil)
+		if res := s.do(t, "x-tenant-id", "a"); res.status != 200 || res.header.Get("x-ratelimit-remaining") != "2" {
+			t.Errorf("no deadline: %d %v", res.status, res.header)
+		}
+	})
+}
+
+// Scenario 15: with the service's shadow mode the overall code is OK while
+// a status is over: Envoy forwards.
+func TestRLSScenario15OverallCode(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		s := newScene(t, store, egFilter, nil, scenarioYAML+"  shadow_mode: true\n")
+		for range 3 {
+			s.do(t, "x-tenant-id", "a")
+		}
+		res := s.do(t, "x-tenant-id", "a")
+		if res.status != 200 || res.header.Get("x-ratelimit-remaining") != "0" {
+			t.Errorf("over, in global shadow mode: %d %v; want forwarded with remaining 0", res.status, res.header)
+		}
+	})
+}
+
+// Scenario 19: a route's own domain (RateLimitPerRoute) is the one the
+// service matches.
+func TestRLSScenario19DomainPerRoute(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		r := newRig(t, store, scenarioYAML)
+		routes := `
+virtual_hosts:
+  - name: vh
+    domains: ["*"]
+    routes:
+      - match: {prefix: /}
+        route: {cluster: upstream}
+        typed_per_filter_config:
+          envoy.filters.http.ratelimit:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+            domain: ai-gateway
+            rate_limits:
+              - actions: [{request_headers: {header_name: x-user-id, descriptor_key: user}}]
+                hits_addend: {number: 10}
+`
+		js, err := yaml.YAMLToJSON([]byte(routes))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rc routev3.RouteConfiguration
+		if err := protojson.Unmarshal(js, &rc); err != nil {
+			t.Fatal(err)
+		}
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+		t.Cleanup(up.Close)
+		u, _ := url.Parse(up.URL)
+		p, err := standin.NewRateLimitProxy(standin.RateLimitConfig{RLS: serveService(t, r.svc), Filter: filterOf(t, egFilter), Routes: &rc, Upstream: u})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		front := httptest.NewServer(p)
+		t.Cleanup(front.Close)
+		s := &scene{proxy: p, front: front, rig: r}
+		if res := s.do(t, "x-user-id", "lou", "x-tenant-id", "lou"); res.status != 200 {
+			t.Fatalf("status %d", res.status)
+		}
+		if l := r.level(t, "user", "lou"); l < 989.9 || l > 990.1 {
+			t.Errorf("user level %v, want 990: the route's domain and hits", l)
+		}
+		if l := r.level(t, "tenant", "lou"); l < 2.99 {
+			t.Errorf("tenant level %v, want 3: the filter's domain not called", l)
+		}
+	})
+}
+
+// Scenario 18: the service answers one status per descriptor, matched or
+// not, so Envoy's headers come from the statuses with a limit.
+func TestRLSScenario18OneStatusPerDescriptor(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		f := egFilter + "  - actions: [{generic_key: {descriptor_key: nowhere, descriptor_value: x}}]\n  - actions: [{request_headers: {header_name: x-tenant-id, descriptor_key: quiet}}]\n"
+		s := newScene(t, store, f, nil)
+		res := s.do(t, "x-tenant-id", "mo")
+		e := s.entry(t, 1)
+		if n := len(e.Calls[0].Response.GetStatuses()); n != 3 {
+			t.Fatalf("%d statuses for 3 descriptors", n)
+		}
+		if res.status != 200 || res.header.Get("x-ratelimit-limit") != "1, 3;w=60, 1;w=60" {
+			t.Errorf("%d %v", res.status, res.header)
 		}
 	})
 }
