@@ -789,3 +789,104 @@ func TestRLSScenario18OneStatusPerDescriptor(t *testing.T) {
 		}
 	})
 }
+
+// Scenario 8: a client reset while the check is in the store cancels the
+// call and no stream-done call follows: nothing beyond the check is
+// written (a check writes nothing).
+func TestRLSScenario08CancelledCheck(t *testing.T) {
+	addr := redisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	store := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
+	s := newScene(t, store, costFilter, costs(structpb.NewNumberValue(100)))
+	s.do(t, "x-user-id", "warm") // the scripts loaded, the connection open
+	s.entry(t, 1)
+	redistest.Sleep(t, addr, 300*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", s.front.URL+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-user-id", "nia")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	time.AfterFunc(50*time.Millisecond, cancel) // while Redis sleeps
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled request succeeded")
+	}
+	e := s.entry(t, 2)
+	if len(e.Calls) != 1 || !e.Calls[0].Cancelled || e.UpstreamRequested {
+		t.Errorf("entry %+v, want one cancelled call, no upstream, no stream-done call", e)
+	}
+	if l := s.rig.level(t, "user", "nia"); l < 999.9 {
+		t.Errorf("level %v, want 1000: nothing charged", l)
+	}
+}
+
+// Scenario 9: a client reset while the answer streams still makes the
+// stream-done call, and its tokens are charged.
+func TestRLSScenario09ChargeAfterReset(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			standin.SetDynamicMetadata(r.Context(), "io.envoy.ai_gateway", &structpb.Struct{Fields: map[string]*structpb.Value{"llm_total_token": structpb.NewNumberValue(17)}})
+			for {
+				if _, err := io.WriteString(w, "data: token\n\n"); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(5 * time.Millisecond): // a slow stream
+				}
+			}
+		})
+		s := newScene(t, store, costFilter, next)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, "POST", s.front.URL+"/v1/chat/completions", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("x-user-id", "ola")
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(resp.Body, make([]byte, 5)); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		resp.Body.Close()
+		if e := s.entry(t, 1); !e.ClientCancelled || len(e.Calls) != 2 {
+			t.Fatalf("entry %+v, want the stream-done charge after the reset", e)
+		}
+		if l := s.rig.level(t, "user", "ola"); l < 982.9 || l > 983.1 {
+			t.Errorf("level %v, want 983: the 17 tokens charged", l)
+		}
+	})
+}
+
+// Scenario 28: the service, as ratelimit without RESPONSE_DYNAMIC_METADATA,
+// sends no dynamic metadata: Envoy stores none.
+func TestRLSScenario28ResponseMetadata(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		s := newScene(t, store, costFilter, costs(structpb.NewNumberValue(1)))
+		s.do(t, "x-user-id", "pia")
+		e := s.entry(t, 1)
+		if md := e.DynamicMetadata["envoy.filters.http.ratelimit"]; md != nil {
+			t.Errorf("dynamic metadata %v, want none", md)
+		}
+		for _, c := range e.Calls {
+			if c.Response.GetDynamicMetadata() != nil {
+				t.Errorf("answer with dynamic metadata: %v", c.Response)
+			}
+		}
+	})
+}
