@@ -100,3 +100,45 @@ func TestServeAnswersRateLimitCalls(t *testing.T) {
 	}
 	p.stop(t)
 }
+
+// TestServeReadsRatelimitFiles: the binary reads envoyproxy/ratelimit's
+// own file through ratelimit.files and answers as ratelimit would: 2 per
+// minute per user, the third hit over the limit.
+func TestServeReadsRatelimitFiles(t *testing.T) {
+	bin := tokengateBinary(t)
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"tokengate.yaml": "store: {type: memory}\nratelimit:\n  files: [ratelimit.yaml]\n",
+		"ratelimit.yaml": "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startServe(t, bin, nil, "--config", filepath.Join(dir, "tokengate.yaml"))
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rl := rlsv3.NewRateLimitServiceClient(conn)
+	var codes []string
+	for range 3 {
+		resp, err := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: "ann"}},
+		}}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		codes = append(codes, resp.GetOverallCode().String())
+		if cl := resp.GetStatuses()[0].GetCurrentLimit(); cl.GetRequestsPerUnit() != 2 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Errorf("current_limit %v, want 2 per minute", cl)
+		}
+	}
+	if got := strings.Join(codes, " "); got != "OK OK OVER_LIMIT" {
+		t.Errorf("three hits of 2 per minute: %s", got)
+	}
+	p.stop(t)
+}
