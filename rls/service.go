@@ -191,6 +191,18 @@ type plan struct {
 	perHit float64
 	// name is the limit's name (rate_limit.name) for current_limit.
 	name string
+	// adhoc is a descriptor's own limit: as ratelimit's, it has no name,
+	// replaces nothing and has no shadow or quota mode (§3.2).
+	adhoc bool
+}
+
+// modes is the node whose shadow mode, quota mode, name and replaces apply
+// to the plan's limit; nil for none.
+func (p *plan) modes() *config.RLSDescriptor {
+	if p.adhoc {
+		return nil
+	}
+	return p.node
 }
 
 // verdict is what the store said of one rule of a descriptor.
@@ -228,16 +240,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	replaced := rlconfig.Replaced(plans,
 		func(p plan) string {
-			if p.node == nil {
-				return ""
+			if n := p.modes(); n != nil {
+				return n.Name
 			}
-			return p.node.Name
+			return ""
 		},
 		func(p plan) []string {
-			if p.node == nil {
-				return nil
+			if n := p.modes(); n != nil {
+				return n.Replaces
 			}
-			return p.node.Replaces
+			return nil
 		})
 
 	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plans))}
@@ -259,11 +271,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		res := Result{Domain: domain, Policy: p.policy, Kind: p.kind, Code: "ok", Hits: p.hits, Negative: p.negative}
 		if st.Code == overCode {
 			res.Code = "over_limit"
-			if p.node != nil && p.node.ShadowMode {
+			if n := p.modes(); n != nil && n.ShadowMode {
 				st.Code, st.LimitRemaining, res.Shadow = okCode, 0, true
 			}
 		}
-		quota := p.node != nil && p.node.QuotaMode
+		quota := p.modes() != nil && p.modes().QuotaMode
 		if quota {
 			quotaMode++
 		}
@@ -348,11 +360,12 @@ func (s *Service) plan(m *mapping, req *rlsv3.RateLimitRequest, d *commonv3.Rate
 	case !ok && override == nil:
 		p.kind = KindNoLimit
 		return p, nil
-	case !ok:
-		// A descriptor's own limit where the tree has none: a bucket of
-		// the domain's own, one per list of entries, as ratelimit keeps
-		// one counter per domain and entries.
-		p.kind = KindOverride
+	case !ok || override != nil && match.Descriptor().Policy == "":
+		// A descriptor's own limit where the tree has no policy (no
+		// limit, unlimited or deny: ratelimit's own limit skips the
+		// tree): a bucket of the domain's own, one per list of entries,
+		// as ratelimit keeps one counter per domain and entries.
+		p.kind, p.adhoc = KindOverride, true
 		p.buckets = []buckets.Bucket{{Name: "limit", Key: admission.DescriptorKey(req.GetDomain(), entryStrings(d)), Limit: limit, MaxDebt: limit.Capacity}}
 		return p, nil
 	}
@@ -368,7 +381,7 @@ func (s *Service) plan(m *mapping, req *rlsv3.RateLimitRequest, d *commonv3.Rate
 	}
 	p.kind, p.policy = KindLimit, node.Policy
 	if override != nil {
-		p.kind = KindOverride
+		p.kind, p.adhoc, p.name = KindOverride, true, ""
 	}
 	pol, cpol := m.policies[node.Policy], m.byName[node.Policy]
 	if pol == nil || cpol == nil {

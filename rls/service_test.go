@@ -349,7 +349,8 @@ func TestLimitsWithoutBuckets(t *testing.T) {
 }
 
 // TestLimitOverride: a descriptor's own limit is the rule's limit for that
-// call; where the tree has no limit, a bucket of the domain's own.
+// call, without the node's shadow or quota mode (§3.2); where the tree has
+// no policy, a bucket of the domain's own.
 func TestLimitOverride(t *testing.T) {
 	eachStore(t, func(t *testing.T, r *rig) {
 		d := hits(desc("user", "hal"), 30)
@@ -362,6 +363,18 @@ func TestLimitOverride(t *testing.T) {
 		d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_DAY}
 		if got := r.call(t, d); got.GetOverallCode() != over {
 			t.Errorf("3 hits of an own limit of 2 a day where the tree has none: %v, want OVER_LIMIT", got)
+		}
+		// As ratelimit's own limit it has no shadow mode, and it skips
+		// a deny node.
+		d = hits(desc("shadow", "hal"), 3)
+		d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_DAY}
+		if got := r.call(t, d); got.GetOverallCode() != over || got.Statuses[0].GetCode() != over {
+			t.Errorf("own limit on a shadow-mode rule, over: %v, want OVER_LIMIT", got)
+		}
+		d = hits(desc("banned", "x"), 1)
+		d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_DAY}
+		if got := r.call(t, d); got.GetOverallCode() != ok || got.Statuses[0].GetLimitRemaining() != 1 {
+			t.Errorf("own limit on a deny node: %v, want OK with 1 left", got)
 		}
 		d.Limit.Unit = typev3.RateLimitUnit_UNKNOWN
 		_, err := r.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{d}})
