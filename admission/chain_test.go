@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/tokengate/tokengate/admission"
@@ -56,5 +57,18 @@ func TestChainKeysAndLimitsInForce(t *testing.T) {
 	}
 	if got := c.KeyPart(admission.PerModel); got != admission.NoModelPart {
 		t.Errorf("no model part %q, want %q", got, admission.NoModelPart)
+	}
+}
+
+func TestDescriptorKey(t *testing.T) {
+	if got := admission.DescriptorKey("d/x", []string{"a=b", "c=d&e"}); got != "tg:!rls:d%2Fx:a%3Db&c%3Dd%26e" {
+		t.Errorf("DescriptorKey = %q", got)
+	}
+	long := admission.DescriptorKey("d", []string{strings.Repeat("k=v", 100)})
+	if len(long) > 64 || !strings.HasPrefix(long, "tg:!rls:d:!h.") {
+		t.Errorf("a long list of entries: %q, want it hashed", long)
+	}
+	if admission.DescriptorKey("d", []string{"a=b&c=d"}) == admission.DescriptorKey("d", []string{"a=b", "c=d"}) {
+		t.Error("one entry and two entries of the same text share a key")
 	}
 }

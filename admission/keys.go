@@ -136,10 +136,16 @@ func NewID() string {
 // that carries its own limit where the mapping has none: one per domain
 // and list of entries (key=value each), as envoyproxy/ratelimit keeps one
 // counter for them. Its policy part "!rls" is reserved: an escaped policy
-// name never starts with '!'.
+// name never starts with '!'. The entries are each escaped and joined by
+// '&', or hashed ("!h.") when that is longer than maxIdentityBytes.
 func DescriptorKey(domain string, entries []string) string {
+	escaped := make([]string, len(entries))
 	for i, e := range entries {
-		entries[i] = url.QueryEscape(e)
+		escaped[i] = url.QueryEscape(e)
 	}
-	return keyPrefix + "!rls:" + url.QueryEscape(domain) + ":" + identityPart(strings.Join(entries, "&"))
+	part := strings.Join(escaped, "&")
+	if len(part) > maxIdentityBytes {
+		part = "!" + hashIdentity(part)
+	}
+	return keyPrefix + "!rls:" + url.QueryEscape(domain) + ":" + part
 }
