@@ -30,6 +30,10 @@ import (
 // server names it.
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
+// MaxDescriptors bounds the descriptors of one call: each is a store call.
+// Envoy sends one per rate_limits entry of a route, a handful.
+const MaxDescriptors = 256
+
 // Config is the service's configuration. Plain data; Store is required.
 type Config struct {
 	// Store holds the buckets and quotas, the same store as the ext_proc
@@ -225,6 +229,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if len(req.GetDescriptors()) == 0 {
 		return nil, s.fail(ErrorInvalid, codes.Unknown, "rate limit descriptor list must not be empty")
+	}
+	if n := len(req.GetDescriptors()); n > MaxDescriptors {
+		return nil, s.fail(ErrorInvalid, codes.InvalidArgument, fmt.Sprintf("%d descriptors in one call, more than the %d the service answers", n, MaxDescriptors))
 	}
 	m := s.live.Load()
 	if m == nil {

@@ -414,13 +414,20 @@ func TestErrorsAsRatelimit(t *testing.T) {
 	if _, err := r.svc.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"}); status.Code(err) != codes.Unknown || status.Convert(err).Message() != "rate limit descriptor list must not be empty" {
 		t.Errorf("no descriptors: %v", err)
 	}
+	many := make([]*commonv3.RateLimitDescriptor, rls.MaxDescriptors+1)
+	for i := range many {
+		many[i] = desc("user", "x")
+	}
+	if _, err := r.svc.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: many}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("%d descriptors: %v, want InvalidArgument", len(many), err)
+	}
 	if err := r.svc.Load(rls.Mapping{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.svc.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{desc("user", "x")}}); status.Code(err) != codes.Unknown || status.Convert(err).Message() != "no rate limit configuration loaded" {
 		t.Errorf("no configuration: %v", err)
 	}
-	if len(r.errs) != 3 || r.errs[2] != rls.ErrorNoConfig {
+	if len(r.errs) != 4 || r.errs[3] != rls.ErrorNoConfig {
 		t.Errorf("errors counted %v", r.errs)
 	}
 	if _, err := rls.New(rls.Config{Store: plainStore{}}); err == nil {
