@@ -59,6 +59,11 @@ type Options struct {
 	// Gateway is the ext_proc server whose overrides the Server keeps and
 	// whose usage it reports.
 	Gateway *extproc.Server
+	// OnOverrides, when set, is given every table of overrides the
+	// Gateway is given, as it is given it: the rate-limit service's
+	// (package rls) follow the same overrides. The table must not be
+	// modified.
+	OnOverrides func(extproc.Overrides)
 	// Overrides is where the API keeps overrides.
 	Overrides OverrideStore
 	// Metrics counts the overrides in force and failed reads of the
@@ -122,7 +127,7 @@ func New(ctx context.Context, o Options) *Server {
 		s.token = d[:]
 	}
 	s.cfg.Store(o.Config)
-	s.live = newLiveLimits(o.Overrides, o.Gateway, o.Config, logger, o.Metrics)
+	s.live = newLiveLimits(o.Overrides, o.Gateway, o.OnOverrides, o.Config, logger, o.Metrics)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := s.live.sync(sctx); err != nil {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
@@ -20,7 +21,9 @@ import (
 type liveLimits struct {
 	store   OverrideStore
 	gateway *extproc.Server
-	logger  *slog.Logger
+	// also receives every table the gateway is given (Options.OnOverrides).
+	also   func(extproc.Overrides)
+	logger *slog.Logger
 	// metrics counts the overrides in force and failed reads of the
 	// store.
 	metrics *metrics.Metrics
@@ -34,8 +37,8 @@ type liveLimits struct {
 	loaded bool
 }
 
-func newLiveLimits(store OverrideStore, gateway *extproc.Server, cfg *config.Config, logger *slog.Logger, m *metrics.Metrics) *liveLimits {
-	l := &liveLimits{store: store, gateway: gateway, cfg: cfg, logger: logger, metrics: m}
+func newLiveLimits(store OverrideStore, gateway *extproc.Server, also func(extproc.Overrides), cfg *config.Config, logger *slog.Logger, m *metrics.Metrics) *liveLimits {
+	l := &liveLimits{store: store, gateway: gateway, also: also, cfg: cfg, logger: logger, metrics: m}
 	l.mu.Lock()
 	l.applyLocked()
 	l.mu.Unlock()
@@ -151,6 +154,9 @@ func (l *liveLimits) applyLocked() {
 		stored++
 	}
 	l.gateway.SetOverrides(table)
+	if l.also != nil {
+		l.also(table)
+	}
 	l.metrics.OverridesInForce(file, stored)
 }
 
@@ -163,13 +169,6 @@ func IdentityKey(t config.OverrideTarget, value string) string {
 	return extproc.IdentityKey(value, t.Hash)
 }
 
-// OverrideOf maps validated limits onto the gateway's terms: an override
-// of the API or the file, or a tier's limits. The error says why a cost is
-// not an amount, which validated limits never have.
-func OverrideOf(l config.Limits) (extproc.Override, error) {
-	tokens, money, err := l.Budgets()
-	if err != nil {
-		return extproc.Override{}, err
-	}
-	return extproc.Override{Limit: l.Limit(), Max: l.Max, Tokens: tokens, Money: money}, nil
-}
+// OverrideOf maps validated limits onto the gateway's terms
+// (admission.OverrideOf).
+func OverrideOf(l config.Limits) (extproc.Override, error) { return admission.OverrideOf(l) }

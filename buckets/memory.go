@@ -811,3 +811,19 @@ func (m *Memory) AddSpend(ctx context.Context, id string, ss []Spend) error {
 	m.shards[mark].mark(spendMark+id, now+int64(replayMarkTTL(spans, wall)))
 	return nil
 }
+
+var _ Charger = (*Memory)(nil)
+
+// Charge implements Charger: a Replay of a settlement that never reached
+// the store.
+func (m *Memory) Charge(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error) {
+	if r == nil || r.ID == "" {
+		return nil, fmt.Errorf("%w: charge: reservation without ID", ErrInvalidRequest)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("charge: %w", err)
+	}
+	_, wall := m.clock()
+	ChargeWindows(r, wall)
+	return m.settle(r, actual, replayUnsent)
+}

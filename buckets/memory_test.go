@@ -34,6 +34,8 @@ func TestMemoryAsync(t *testing.T) { bucketstest.RunAsync(t, openMemory) }
 
 func TestMemoryRepeat(t *testing.T) { bucketstest.RunRepeat(t, openMemory) }
 
+func TestMemoryCharge(t *testing.T) { bucketstest.RunCharge(t, openMemory) }
+
 // TestMemoryCallerCancellation runs the cancellation contract. The memory
 // store's step is atomic, so "during the call" is as the call begins: the
 // wrapper cancels just before it.

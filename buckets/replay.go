@@ -57,3 +57,39 @@ type Replayer interface {
 	// within RepeatWindow, takes nothing.
 	Cancel(ctx context.Context, r *Reservation) error
 }
+
+// Charger is implemented by stores that charge what no reservation was
+// taken for: the hits of Envoy's rate-limit service (package rls), each a
+// debit or a refund of its own, applied even when it drives a bucket into
+// debt. It is a Replay of a settlement that never reached the store
+// (Replayer.Replay with sent false): r needs no record, and its ID, which
+// the caller generates, makes a copy of the call sent again after a lost
+// reply apply nothing (the marker a replay leaves).
+type Charger interface {
+	// Charge applies r as a settlement of actual tokens (and r.Spent of
+	// money) of a reservation that was never taken: each bucket moves by
+	// r.Charged(b) − actual (a debit at most down to its floor, a refund
+	// at most up to its capacity), each quota by what settling it would
+	// charge, in the windows of r.Windows. When r.Windows is nil, Charge
+	// sets it to the windows that hold now on the store's clock, before
+	// anything is sent, so that the caller can send the call again
+	// unchanged. It applies once per r.ID however often it is called,
+	// writes nothing when ctx is already done (an error wrapping
+	// ctx.Err()), and returns each bucket's state after the charge:
+	// BucketState.Remaining − BucketState.Forgiven is the level the charge
+	// left before the floor, below zero when the bucket held less than it
+	// took.
+	Charge(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error)
+}
+
+// ChargeWindows sets r.Windows, when nil, to the windows of r's quotas
+// that hold at now.
+func ChargeWindows(r *Reservation, now time.Time) {
+	if r.Windows != nil || len(r.Quotas) == 0 {
+		return
+	}
+	r.Windows = make([]Span, len(r.Quotas))
+	for j, q := range r.Quotas {
+		r.Windows[j] = q.Window.Span(now)
+	}
+}

@@ -60,6 +60,9 @@ type Config struct {
 	// RLS maps Envoy's rate-limit service requests onto policies (see
 	// rls.go); nil serves none.
 	RLS *RLS `yaml:"rls"`
+	// Ratelimit names envoyproxy/ratelimit files read at start and on
+	// reload, whose policies and domains are added (see ratelimit.go).
+	Ratelimit *Ratelimit `yaml:"ratelimit"`
 
 	// rlsTrees are RLS's domains, built once by validation.
 	rlsTrees map[string]*RLSTree
@@ -448,6 +451,7 @@ func Parse(file string, data []byte) (*Config, error) {
 		v.decodeError(err)
 		return nil, v.sorted()
 	}
+	v.importRatelimit(&c)
 	c.applyDefaults()
 	v.validate(&c)
 	if len(v.problems) > 0 {

@@ -6,8 +6,9 @@ import (
 )
 
 // NeedsRestart lists the top-level keys whose values differ between c and
-// n other than policies and default_policy: a running tokengate reloads
-// those two (their tiers and overrides included) and nothing else.
+// n other than policies, default_policy, rls and ratelimit (whose files
+// become policies and rls domains): a running tokengate reloads those (the
+// policies' tiers and overrides included) and nothing else.
 // Listeners, the store, the tokenizer, the admin API, the metadata keys
 // and the shutdown grace are fixed when it starts: their sockets,
 // connections, counter and Envoy's side are built from them once.
@@ -15,6 +16,8 @@ func (c *Config) NeedsRestart(n *Config) []string {
 	a, b := *c, *n
 	a.Policies, b.Policies = nil, nil
 	a.DefaultPolicy, b.DefaultPolicy = "", ""
+	a.RLS, b.RLS = nil, nil
+	a.Ratelimit, b.Ratelimit = nil, nil
 	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
 	var keys []string
 	for i := range va.NumField() {

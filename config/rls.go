@@ -26,6 +26,9 @@ import (
 // lands on no rule, meet no limit, as with ratelimit.
 type RLS struct {
 	Domains []RLSDomain `yaml:"domains"`
+	// ShadowMode answers every call OK, whatever its statuses say, as
+	// ratelimit's SHADOW_MODE does (§3.5): hits are counted as usual.
+	ShadowMode bool `yaml:"shadow_mode"`
 }
 
 // RLSDomain is the mapping of one domain (RateLimitRequest.domain).

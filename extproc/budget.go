@@ -6,9 +6,9 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
-	"github.com/tokengate/tokengate/internal/billing"
 	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/tokenizer"
 )
@@ -26,37 +26,15 @@ const (
 	headerUnitBudget      = "x-ratelimit-unit-budget"
 )
 
-// maxMoney is the most the request can cost, in micro-units, reserved from
-// quotas of money (its prompt at the dearest input rate, its whole output
-// allowance at the dearest output rate), and what each token beyond the
-// allowance costs at most, which Extend debits from hard quotas of money.
+// maxMoney is the most the request can cost, in micro-units, and what each
+// token beyond its allowance costs at most (admission.MaxMoney).
 func (p *processor) maxMoney() (money, perToken float64) {
-	in := p.req.count.InputTokens
-	return float64(p.req.price.MaxCost(in, p.req.allowance)), float64(p.req.price.MaxOutputRate(in)) / 1e6
+	return admission.MaxMoney(p.req.price, p.req.count.InputTokens, p.req.allowance)
 }
 
-// priceOf is the price request c is reserved at: its model's, at the
-// dearest service tier the request can be billed at (pricing.Table.TierFor).
-// The error wraps pricing.ErrUnpriced when the model has no price, or none
-// at that tier.
+// priceOf is the price request c is reserved at (admission.PriceOf).
 func (p *processor) priceOf(c tokenizer.Count) (pricing.Price, error) {
-	price, err := p.s.cfg.Prices.Resolve(c.Model)
-	if err != nil {
-		return pricing.Price{}, err
-	}
-	tier := p.s.cfg.Prices.TierFor(c.ServiceTier)
-	tp, ok := price.AtTier(tier)
-	switch {
-	case !ok && c.ServiceTier == billing.Auto:
-		// The request asks for no tier, and its project's is one the
-		// table has no price of this model at: the provider serves a
-		// model at a tier it supports, and standard is the one every
-		// model has.
-		return price, nil
-	case !ok:
-		return pricing.Price{}, fmt.Errorf("%w %q at service tier %s", pricing.ErrUnpriced, c.Model, tier)
-	}
-	return tp, nil
+	return admission.PriceOf(p.s.cfg.Prices, c.Model, c.ServiceTier)
 }
 
 // billed is the usage u as the provider billed it: at the tier its answer
@@ -82,11 +60,11 @@ func (p *processor) billed(u provider.Usage) (pricing.Price, provider.Usage) {
 // quotaCost is the request's cost in a quota's unit: tokens, or the money
 // reserved.
 func (p *processor) quotaCost(u buckets.Unit, tokens int) float64 {
+	var money float64
 	if u == buckets.Money {
-		money, _ := p.maxMoney()
-		return money
+		money, _ = p.maxMoney()
 	}
-	return float64(tokens)
+	return admission.QuotaCost(u, float64(tokens), money)
 }
 
 // currency is the currency that quotas of money count in.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
 	"github.com/tokengate/tokengate/pricing"
@@ -185,140 +186,6 @@ type QuotaCharge struct {
 	Amount float64
 }
 
-// Policy is one named set of limits: how identities are found, the chain of
-// buckets every request passes, concurrency limits, waiting and output caps.
-// It is plain data, copied by NewServer; a zero Policy is invalid (it needs a
-// Name and at least one bucket). Package config validates policies; the
-// header names here are lower case, as Envoy sends them.
-type Policy struct {
-	Name string
-	// Identities says how a request's identities are found (S9a).
-	Identities []Identity
-	// Anonymous is what happens when an identity is missing: "shared" (one
-	// anonymous bucket per rule, the default) or "reject" (401).
-	Anonymous string
-	// Buckets is the chain (S10), in order.
-	Buckets []BucketRule
-	// Concurrency caps requests in flight (S11).
-	Concurrency []ConcurrencyRule
-	// MaxWait lets a request short of tokens wait up to this long (S12);
-	// zero refuses at once.
-	MaxWait time.Duration
-	// MaxQueue bounds how many requests of this policy wait at once on
-	// this gateway (S12); zero lets none wait, whatever MaxWait says.
-	MaxQueue int
-	// MaxOutputTokens is a hard per-request output cap (S14); 0 = none.
-	MaxOutputTokens int
-	// ClampOutput writes the reserved output allowance into the request
-	// body's output cap, so the model itself stops there on every Envoy
-	// version (the fallback for Envoy without FULL_DUPLEX_STREAMED).
-	ClampOutput bool
-	// InjectUsage asks OpenAI-style streams for
-	// stream_options.include_usage (S15) and hides it from the client.
-	InjectUsage bool
-	// PriorityHeader names a request header that marks priority traffic
-	// (S19) with the value "true" or "1".
-	PriorityHeader string
-	// UnknownEndpoints says what happens to a request whose path and body
-	// match no API tokengate meters (S22): "refuse" (400 unknown_api; the
-	// default when empty), "pass" (forwarded unmetered) or "charge"
-	// (forwarded, charged UnknownEndpointTokens through the policy's
-	// buckets and concurrency limits, nothing when the upstream fails).
-	UnknownEndpoints string
-	// UnknownEndpointTokens is the flat cost of a request under
-	// UnknownEndpoints "charge".
-	UnknownEndpointTokens int
-	// Quotas are budgets over calendar windows, reserved and settled with
-	// the buckets, all or none.
-	Quotas []QuotaRule
-	// Tier says where a request's tier is found (its Name is unused);
-	// nil means requests have none. Tiers maps a tier value to the limits
-	// it gives rules, by rule name: a request of that tier gets them
-	// unless its identity has an override (Server.SetOverrides). Package
-	// config allows tier limits only for rules keyed by an identity.
-	Tier  *Identity
-	Tiers map[string]map[string]Override
-}
-
-// QuotaRule is one quota of a policy (see buckets.Quota): a budget per
-// calendar window, keyed like a bucket. Plain data; the zero value is
-// invalid (Name, Window and Limit are required).
-type QuotaRule struct {
-	Name string
-	// Per is an identity name, "model", or "" for one global quota.
-	Per    string
-	Window buckets.Window
-	// Unit is tokens, or money (micro-units of Config.Prices' currency).
-	Unit  buckets.Unit
-	Limit float64
-	// Hard meters streams live against the budget and cuts them off when
-	// it runs out (S14).
-	Hard bool
-}
-
-// leaseOf returns the lease of the policy's bucket rule named bucket, or
-// nil when that bucket is not leased.
-func (p *Policy) leaseOf(bucket string) *buckets.Lease {
-	for i := range p.Buckets {
-		if p.Buckets[i].Name == bucket {
-			return p.Buckets[i].Lease
-		}
-	}
-	return nil
-}
-
-// charges reports whether the policy has a quota of money, so that its
-// requests are priced.
-func (p *Policy) charges() bool {
-	for _, q := range p.Quotas {
-		if q.Unit == buckets.Money {
-			return true
-		}
-	}
-	return false
-}
-
-// Identity says where one identity of a request is found (S9a): a request
-// header set by an auth filter, or a dotted key in a namespace of Envoy's
-// forwarded dynamic metadata (JWT claims). Exactly one of Header and
-// Metadata is set; the zero value is invalid. Plain data.
-type Identity struct {
-	Name     string
-	Header   string
-	Metadata string // dynamic metadata namespace
-	Path     string // dotted key in that namespace
-	// Hash stores only a hash of the value (API keys never become store keys).
-	Hash bool
-}
-
-// BucketRule is one bucket of a policy's chain; its store key is described
-// in keys.go and docs/design.md. Plain data; the zero value is invalid (Name and
-// Limit are required).
-type BucketRule struct {
-	Name string
-	// Per is an identity name, "model", or "" for one global bucket.
-	Per      string
-	Limit    buckets.Limit
-	Hard     bool    // may never go below zero; a stream is cut when it runs out (S14)
-	MaxDebt  float64 // see buckets.Bucket.MaxDebt
-	Headroom float64 // see buckets.Bucket.Headroom (S19)
-	// Provider marks the bucket that stands for the provider account: it
-	// receives the provider's Retry-After pauses (S18).
-	Provider bool
-	// Lease, when set, lets this gateway admit against a local slice of
-	// the bucket (see buckets.Lease): the store must be a lease store.
-	Lease *buckets.Lease
-}
-
-// ConcurrencyRule caps requests in flight (S11). Plain data; the zero value
-// is invalid (Name and Max are required).
-type ConcurrencyRule struct {
-	Name  string
-	Per   string // as BucketRule.Per
-	Max   int
-	Lease time.Duration // how long a slot lives if never released; default 10m
-}
-
 // Defaults of the usage bound (Config.UsageMargin and the others). The
 // context window is the largest of any model served today (Gemini 1.5
 // Pro's 2M); the output is the tokenizer's largest output cap.
@@ -338,12 +205,6 @@ const (
 	unknownRefuse = "refuse"
 	unknownPass   = "pass"
 	unknownCharge = "charge"
-)
-
-const (
-	anonymousShared = "shared"
-	anonymousReject = "reject"
-	perModel        = "model"
 )
 
 // normalize fills defaults. The policies are not checked again: they come
@@ -407,7 +268,7 @@ func (c *Config) normalize() error {
 		}
 	}
 	for i := range c.Policies {
-		if p := &c.Policies[i]; p.charges() && c.Prices == nil {
+		if p := &c.Policies[i]; p.Charges() && c.Prices == nil {
 			errs = append(errs, errors.New("Prices is required: policy "+p.Name+" has a quota of money"))
 		}
 	}
@@ -424,17 +285,6 @@ func (c *Config) normalize() error {
 // outage. It follows the idle limit rather than a knob of its own: both say
 // how long tokengate keeps a request it hears nothing about.
 func (c *Config) reservationLifetime() time.Duration { return c.StreamIdleTimeout }
-
-// Allowance is the output allowance a request of this policy reserves: the
-// allowance the counter found (the request's cap, history or the default,
-// S7), lowered to the policy's MaxOutputTokens (S14). The reservation is
-// c.InputTokens plus it.
-func (p *Policy) Allowance(c tokenizer.Count) int {
-	if m := p.MaxOutputTokens; m > 0 && c.OutputAllowance > m {
-		return m
-	}
-	return c.OutputAllowance
-}
 
 // tokenCounter counts a request before it is forwarded and learns output
 // sizes from settled requests: *tokenizer.Counter through tokenizerCounter.
@@ -453,3 +303,22 @@ type liveCounter interface {
 	Write(delta string)
 	Tokens() int
 }
+
+// The policy types are the admission core's, shared with the rate-limit
+// service (package admission).
+type (
+	Policy          = admission.Policy
+	QuotaRule       = admission.QuotaRule
+	Identity        = admission.Identity
+	BucketRule      = admission.BucketRule
+	ConcurrencyRule = admission.ConcurrencyRule
+	Override        = admission.Override
+	OverrideKey     = admission.OverrideKey
+	Overrides       = admission.Overrides
+)
+
+const (
+	anonymousShared = admission.AnonymousShared
+	anonymousReject = admission.AnonymousReject
+	perModel        = admission.PerModel
+)

@@ -1,13 +1,12 @@
 package extproc
 
 import (
-	"cmp"
 	"maps"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
 )
 
@@ -20,30 +19,6 @@ import (
 // under, so a stream in flight settles against them whatever changes
 // meanwhile; bucket levels live in the store under keys that no limit is
 // part of, so they carry over.
-
-// Override replaces a rule's limits for one identity or one tier: a bucket
-// rule takes Limit, a concurrency rule Max, a quota of tokens Tokens and a
-// quota of money Money (a rule name may be a bucket's or a quota's and a
-// concurrency limit's, as "apikey" is in the default configuration). A zero
-// field keeps the rule's own value. Plain data.
-type Override struct {
-	Limit buckets.Limit
-	Max   int
-	// Tokens is a quota of tokens' budget per window.
-	Tokens float64
-	// Money is a quota of money's budget per window, in micro-units of
-	// Config.Prices' currency.
-	Money float64
-}
-
-// OverrideKey names an override: a rule of a policy, for one identity
-// value in the form store keys use (IdentityKey, or ModelKey for a
-// per-model rule).
-type OverrideKey struct{ Policy, Rule, Identity string }
-
-// Overrides are the per-identity overrides in force. A map given to
-// SetOverrides belongs to the server from then on; do not modify it.
-type Overrides map[OverrideKey]Override
 
 // policySet is what Reload replaces: the policies, their wait queues and
 // the default policy. It is immutable once stored, except each queue's
@@ -76,7 +51,7 @@ func newPolicySet(policies []Policy, defaultPolicy string, old *policySet) *poli
 			t := *p.Tier
 			p.Tier = &t
 		}
-		normalizePolicy(&p)
+		p = admission.Normalize(p)
 		set.byName[p.Name] = &p
 		q := &waitQueue{}
 		if old != nil && old.queues[p.Name] != nil {
@@ -86,18 +61,6 @@ func newPolicySet(policies []Policy, defaultPolicy string, old *policySet) *poli
 		set.queues[p.Name] = q
 	}
 	return set
-}
-
-// normalizePolicy fills a policy's defaults.
-func normalizePolicy(p *Policy) {
-	if p.Anonymous == "" {
-		p.Anonymous = anonymousShared
-	}
-	for j := range p.Concurrency {
-		if p.Concurrency[j].Lease == 0 {
-			p.Concurrency[j].Lease = 10 * time.Minute
-		}
-	}
 }
 
 // Reload makes policies and defaultPolicy those of every request that
@@ -134,71 +97,47 @@ func (p *processor) readTier(hm *corev3.HeaderMap, headers map[string]string, md
 	return err
 }
 
+// chain is this request as the admission core sees it: its policy,
+// identities, model, tier, and the overrides and currency in force.
+func (p *processor) chain() admission.Chain {
+	return admission.Chain{
+		Policy: p.pol, PolicyName: p.policy, IDs: p.req.ids, ModelKey: p.modelKey(), Tier: p.req.tier,
+		Overrides: *p.s.overrides.Load(), Currency: p.currency(),
+	}
+}
+
 // layers returns the tier's and the identity's overrides of a rule for
 // this request, each zero when there is none.
 func (p *processor) layers(rule, per string) (tier, identity Override) {
-	if per == "" {
-		return
-	}
-	if p.req.tier != "" && per != perModel {
-		tier = p.pol.Tiers[p.req.tier][rule]
-	}
-	if m := *p.s.overrides.Load(); len(m) > 0 {
-		identity = m[OverrideKey{Policy: p.policy, Rule: rule, Identity: p.keyPart(per)}]
-	}
-	return tier, identity
+	c := p.chain()
+	return c.Layers(rule, per)
 }
 
 // bucket is rule r's bucket for this request, with the limit in force.
 func (p *processor) bucket(r BucketRule) buckets.Bucket {
-	limit := r.Limit
-	if !r.Provider {
-		tier, id := p.layers(r.Name, r.Per)
-		limit = cmp.Or(id.Limit, tier.Limit, limit)
-	}
-	return buckets.Bucket{
-		Name: r.Name, Key: p.key(r.Name, r.Per, r.Provider), Limit: limit,
-		Hard: r.Hard, MaxDebt: r.MaxDebt, Headroom: r.Headroom, Lease: r.Lease,
-	}
+	c := p.chain()
+	return c.Bucket(r)
 }
 
 // slot is concurrency rule r's slot for this request, with the max in
 // force.
 func (p *processor) slot(r ConcurrencyRule) buckets.Slot {
-	tier, id := p.layers(r.Name, r.Per)
-	return buckets.Slot{Name: r.Name, Key: p.key(r.Name, r.Per, false), Max: cmp.Or(id.Max, tier.Max, r.Max), Lease: r.Lease}
+	c := p.chain()
+	return c.Slot(r)
 }
 
 // quota is quota rule r's quota for this request, with the budget in
 // force.
 func (p *processor) quota(r QuotaRule) buckets.Quota {
-	tier, id := p.layers(r.Name, r.Per)
-	limit := r.Limit
-	if r.Unit == buckets.Money {
-		limit = cmp.Or(id.Money, tier.Money, limit)
-	} else {
-		limit = cmp.Or(id.Tokens, tier.Tokens, limit)
-	}
-	q := buckets.Quota{Name: r.Name, Key: p.key(r.Name, r.Per, false), Window: r.Window, Unit: r.Unit, Limit: limit, Hard: r.Hard}
-	if r.Unit == buckets.Money {
-		q.Currency = p.currency()
-	}
-	return q
+	c := p.chain()
+	return c.Quota(r)
 }
 
 // limits are the buckets and quotas of the policy's chain for this
-// request's identities and model, keyed as keys.go describes and with the
-// limits in force: what a request reserves.
+// request (admission.Chain.Limits): what a request reserves.
 func (p *processor) limits() ([]buckets.Bucket, []buckets.Quota) {
-	bs := make([]buckets.Bucket, 0, len(p.pol.Buckets))
-	for _, r := range p.pol.Buckets {
-		bs = append(bs, p.bucket(r))
-	}
-	var qs []buckets.Quota
-	for _, r := range p.pol.Quotas {
-		qs = append(qs, p.quota(r))
-	}
-	return bs, qs
+	c := p.chain()
+	return c.Limits()
 }
 
 // Where a limit in force comes from (RuleUsage.Source).
@@ -216,13 +155,4 @@ func source(tier, identity bool) string {
 		return sourceTier
 	}
 	return sourceRule
-}
-
-func hasIdentity(p *Policy, name string) bool {
-	for _, id := range p.Identities {
-		if id.Name == name {
-			return true
-		}
-	}
-	return false
 }

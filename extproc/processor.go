@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/extproc/provider"
 	"github.com/tokengate/tokengate/pricing"
@@ -69,7 +70,7 @@ type request struct {
 	id        string // x-request-id, bounded, for logs
 	path      string
 	priority  bool
-	ids       map[string]string // identity name → its part of store keys (keys.go)
+	ids       map[string]string // identity name → its part of store keys (admission/keys.go)
 	tier      string            // the request's tier (Policy.Tier), "" for none
 	body      []byte            // the request body gathered so far (keepChunk)
 	size      int               // bytes of the body received
@@ -215,12 +216,12 @@ func (p *processor) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv
 			p.req.decision = "bad_request"
 			return p.immediate(duplicateIdentity(id.Name), send)
 		case ok:
-			p.req.ids[id.Name] = identityPart(v)
+			p.req.ids[id.Name] = admission.IdentityPart(v)
 		case p.pol.Anonymous == anonymousReject:
 			p.req.decision = "unauthorized"
 			return p.immediate(unauthorized(id.Name), send)
 		default:
-			p.req.ids[id.Name] = anonymousPart
+			p.req.ids[id.Name] = admission.AnonymousPart
 		}
 	}
 	if err := p.readTier(h.GetHeaders(), hdr, md); err != nil {
@@ -296,7 +297,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 	}
 	p.req.count = c
 	p.req.allowance = p.pol.Allowance(c)
-	if p.pol.charges() {
+	if p.pol.Charges() {
 		price, err := p.priceOf(c)
 		if err != nil {
 			return p.refuseUnpriced(send)
@@ -332,7 +333,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 			p.req.budget = st.Name
 			return p.immediate(budgetRefusal(d, st, p.quotaCost(st.Unit, cost), p.currency()), send)
 		}
-		return p.immediate(refusal(d, cost, p.pol.leaseOf), send)
+		return p.immediate(refusal(d, cost, p.pol.LeaseOf), send)
 	}
 	p.st.mu.Lock()
 	p.st.res = d.Reservation
@@ -380,7 +381,7 @@ func (p *processor) reserve(cost int) (d buckets.Decision, leaveQueue func(), er
 	for _, r := range p.pol.Concurrency {
 		req.Slots = append(req.Slots, p.slot(r))
 	}
-	if p.pol.charges() {
+	if p.pol.Charges() {
 		req.Money, req.MoneyPerToken = p.maxMoney()
 	}
 	queue := p.queue
@@ -486,32 +487,12 @@ func requestBodyResponse(body []byte, md *structpb.Struct) *extprocv3.Processing
 	}
 }
 
-// key builds the store key of a rule for this request (see keys.go). A
+// key builds the store key of a rule for this request (see admission/keys.go). A
 // provider rule stands for the organisation's account at the provider, which
 // every policy shares, so its key names no policy.
 func (p *processor) key(rule, per string, provider bool) string {
-	scope := p.policy
-	if provider {
-		scope = sharedScope
-	}
-	return bucketKey(scope, rule, p.keyPart(per))
-}
-
-// keyPart is the identity part of the store keys of rules keyed by per.
-func (p *processor) keyPart(per string) string {
-	switch per {
-	case "":
-		return globalPart
-	case perModel:
-		if m := p.modelKey(); m != "" {
-			return identityPart(m)
-		}
-		return noModelPart
-	}
-	if v := p.req.ids[per]; v != "" {
-		return v
-	}
-	return anonymousPart // request headers were not sent to the server
+	c := p.chain()
+	return c.Key(rule, per, provider)
 }
 
 // modelKey is the model that per-model buckets are keyed by.

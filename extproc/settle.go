@@ -218,7 +218,7 @@ func (p *processor) settleAs(outcome string) {
 		c.outcome = outcome
 	}
 	p.st.actual, p.st.outcome, p.st.clamped, p.st.settledOutput = c.actual, c.outcome, c.clamped, c.output()
-	if p.pol.charges() {
+	if p.pol.Charges() {
 		p.st.res.Spent = p.spent(c)
 	}
 	p.st.quotas = quotaCharges(p.st.res, float64(c.actual))

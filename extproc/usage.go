@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/tokenizer"
 )
@@ -102,7 +103,7 @@ func (s *Server) Usage(ctx context.Context, q UsageQuery) (Usage, error) {
 	p := &processor{s: s, pol: pol, policy: pol.Name}
 	p.req.ids = make(map[string]string, len(q.Identities))
 	for name, v := range q.Identities {
-		if !hasIdentity(pol, name) {
+		if !pol.HasIdentity(name) {
 			return Usage{}, fmt.Errorf("%w: policy %q has no identity %q", ErrUnknownIdentity, pol.Name, name)
 		}
 		p.req.ids[name] = v
@@ -209,7 +210,7 @@ func (s *Server) Spenders(ctx context.Context, policy, quota string, top int) (b
 	}
 	r := pol.Quotas[i]
 	p := &processor{s: s, pol: pol, policy: pol.Name}
-	q := buckets.SpendQuery{Prefix: bucketKey(pol.Name, r.Name, ""), Window: r.Window, Unit: r.Unit, Top: top}
+	q := buckets.SpendQuery{Prefix: admission.QuotaPrefix(pol.Name, r.Name), Window: r.Window, Unit: r.Unit, Top: top}
 	if r.Unit == buckets.Money {
 		q.Currency = p.currency()
 	}

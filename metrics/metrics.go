@@ -50,6 +50,7 @@ type Metrics struct {
 	quotaMoney    *prometheus.CounterVec
 	exhausted     *prometheus.CounterVec
 	limits        limitMetrics
+	rls           rlsMetrics
 	genAI         genAI
 }
 
@@ -158,6 +159,8 @@ func New(reg prometheus.Registerer, o Options) *Metrics {
 		m.gateways, m.fallbackRate, m.clamped, m.unread, m.quotaTokens, m.quotaMoney, m.exhausted)
 	m.limits = newLimitMetrics()
 	reg.MustRegister(m.limits.collectors()...)
+	m.rls = newRLSMetrics()
+	reg.MustRegister(m.rls.collectors()...)
 	// A store without a failover (the memory store) has no outage.
 	m.storeUp.Set(1)
 	m.genAI = newGenAI(o)
@@ -536,4 +539,20 @@ func counts(v *prometheus.CounterVec, label, skip string) map[string]map[string]
 		out[policy][value] = int(d.GetCounter().GetValue())
 	}
 	return out
+}
+
+var _ buckets.Charger = (*Store)(nil)
+
+// Charge implements buckets.Charger (op "charge"): the hits of the
+// rate-limit service. A wrapped store that cannot charge answers an error
+// wrapping errors.ErrUnsupported.
+func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
+	ch, ok := s.Store.(buckets.Charger)
+	if !ok {
+		return nil, fmt.Errorf("metrics: charge: %T: %w", s.Store, errors.ErrUnsupported)
+	}
+	start := time.Now()
+	st, err := ch.Charge(ctx, r, actual)
+	s.observe("charge", start, err)
+	return st, err
 }

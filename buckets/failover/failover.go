@@ -792,3 +792,36 @@ func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.Sp
 	}
 	return list, err
 }
+
+var _ buckets.Charger = (*Store)(nil)
+
+// Charge implements buckets.Charger through the primary: a charge is a
+// write to the shared buckets, which the local fallback does not hold.
+// During an outage, or when the primary fails, the charge is kept with the
+// settlements (bounded by MaxPending) and replayed once the primary
+// answers again, once by its ID, and the error wraps buckets.ErrStore: the
+// caller answers as a rate-limit service without its store does (Envoy's
+// failure mode decides). A primary that cannot charge answers an error
+// wrapping errors.ErrUnsupported.
+func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
+	ch, ok := s.primary.(buckets.Charger)
+	if !ok {
+		return nil, fmt.Errorf("failover: charge: %T: %w", s.primary, errors.ErrUnsupported)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("failover: charge: %w", err)
+	}
+	buckets.ChargeWindows(r, s.opts.Now())
+	if s.skipPrimary() {
+		s.fallback("charge")
+		s.keep(r, actual, nil)
+		return nil, fmt.Errorf("failover: charge: kept for replay: %w", buckets.ErrStore)
+	}
+	st, err := ch.Charge(ctx, r, actual)
+	if s.failed(context.WithoutCancel(ctx), err) {
+		s.keep(r, actual, err)
+	} else if err == nil {
+		s.succeeded()
+	}
+	return st, err
+}

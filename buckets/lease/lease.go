@@ -1198,3 +1198,17 @@ func (s *Store) Close(ctx context.Context) error {
 	}
 	return s.sweep(true)
 }
+
+var _ buckets.Charger = (*Store)(nil)
+
+// Charge implements buckets.Charger on the store underneath: a charge goes
+// to the shared buckets, past the slices this gateway leased, which it
+// meets when it next renews them. A store underneath that cannot charge
+// answers an error wrapping errors.ErrUnsupported.
+func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
+	ch, ok := s.inner.(buckets.Charger)
+	if !ok {
+		return nil, fmt.Errorf("lease: charge: %T: %w", s.inner, errors.ErrUnsupported)
+	}
+	return ch.Charge(ctx, r, actual)
+}

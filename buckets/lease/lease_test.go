@@ -42,6 +42,14 @@ func TestInspectSlots(t *testing.T) {
 	})
 }
 
+// TestCharge: a lease store charges through its inner store.
+func TestCharge(t *testing.T) {
+	bucketstest.RunCharge(t, func(t *testing.T, clock *bucketstest.Clock, n int) []buckets.Store {
+		m := buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now})
+		return []buckets.Store{lease.New(m, m, lease.Options{Now: clock.Now, SweepEvery: -1})}
+	})
+}
+
 // lender counts the lease calls made to a memory store, and fails them
 // while fail is set (answering, as a dead Redis would, an error wrapping
 // buckets.ErrStore with nothing done).

@@ -78,6 +78,7 @@ func TestContract(t *testing.T) {
 		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
 		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
 		t.Run("repeat", func(t *testing.T) { bucketstest.RunRepeat(t, open) })
+		t.Run("charge", func(t *testing.T) { bucketstest.RunCharge(t, open) })
 	})
 	t.Run("cluster", func(t *testing.T) {
 		open := cluster(t)
@@ -88,5 +89,6 @@ func TestContract(t *testing.T) {
 		t.Run("caller cancellation", func(t *testing.T) { bucketstest.RunCancel(t, open) })
 		t.Run("async", func(t *testing.T) { bucketstest.RunAsync(t, open) })
 		t.Run("repeat", func(t *testing.T) { bucketstest.RunRepeat(t, open) })
+		t.Run("charge", func(t *testing.T) { bucketstest.RunCharge(t, open) })
 	})
 }

@@ -1123,3 +1123,21 @@ func hashSlot(tag string) uint16 {
 	}
 	return crc & 16383
 }
+
+var _ buckets.Charger = (*Store)(nil)
+
+// Charge implements buckets.Charger: a Replay of a settlement that never
+// reached the store, a settle op per group that applies once by its
+// marker, without a record.
+func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
+	if r == nil || r.ID == "" {
+		return nil, fmt.Errorf("%w: charge: reservation without ID", buckets.ErrInvalidRequest)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redisstore: charge: %w", err)
+	}
+	if len(r.Quotas) > 0 && r.Windows == nil {
+		buckets.ChargeWindows(r, s.now())
+	}
+	return s.Replay(ctx, r, actual, false)
+}

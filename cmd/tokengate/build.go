@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tokengate/tokengate/admin"
+	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/failover"
 	"github.com/tokengate/tokengate/buckets/lease"
@@ -25,12 +26,15 @@ import (
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
 	"github.com/tokengate/tokengate/metrics"
+	"github.com/tokengate/tokengate/rls"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
 // parts is everything serve runs, built from one configuration.
 type parts struct {
-	server   *extproc.Server
+	server *extproc.Server
+	// rls is the rate-limit service, on the same store and policies.
+	rls      *rls.Service
 	store    buckets.Store
 	failover *failover.Store // nil for the memory store
 	counter  *tokenizer.Counter
@@ -227,6 +231,10 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		p.close()
 		return nil, err
 	}
+	if p.rls, err = buildRLS(cfg, store, p.metrics, logger); err != nil {
+		p.close()
+		return nil, err
+	}
 	if err := p.buildAdmin(ctx, cfg, primary, logger, opts.adminToken); err != nil {
 		p.close()
 		return nil, err
@@ -259,15 +267,6 @@ func withLeases(cfg *config.Config, store, shared buckets.Store, m *metrics.Metr
 		return nil
 	})
 	return ls
-}
-
-// leaseOf maps a bucket's lease onto the store's. Only Redis is leased
-// from: the memory store is the bucket itself.
-func leaseOf(cfg *config.Config, l *config.Lease) *buckets.Lease {
-	if l == nil || cfg.Store.Type != "redis" {
-		return nil
-	}
-	return &buckets.Lease{Size: l.Size, TTL: l.TTL}
 }
 
 // newCounter is the token counter of a configuration: serve, the demo and
@@ -308,56 +307,39 @@ func serverConfig(cfg *config.Config, store buckets.Store, counter *tokenizer.Co
 	return sc, err
 }
 
-// policies maps the configuration's policies onto the server's.
-func policies(cfg *config.Config) ([]extproc.Policy, error) {
-	var out []extproc.Policy
-	for i, cp := range cfg.Policies {
-		p := extproc.Policy{
-			Name:            cp.Name,
-			Anonymous:       cp.Anonymous,
-			MaxOutputTokens: cp.MaxOutputTokens,
-			ClampOutput:     cp.ClampOutput != nil && *cp.ClampOutput,
-			InjectUsage:     cp.InjectUsage == nil || *cp.InjectUsage,
-			PriorityHeader:  cp.PriorityHeader,
+// policies maps the configuration's policies onto the server's
+// (admission.FromConfig).
+func policies(cfg *config.Config) ([]extproc.Policy, error) { return admission.FromConfig(cfg) }
 
-			UnknownEndpoints:      cp.UnknownEndpoints,
-			UnknownEndpointTokens: cp.UnknownEndpointTokens,
-		}
-		if cp.Wait != nil {
-			p.MaxWait, p.MaxQueue = cp.Wait.MaxWait, cp.Wait.MaxQueue
-		}
-		var err error
-		if p.Tier, p.Tiers, err = tiers(cp); err != nil {
-			return nil, fmt.Errorf("policies[%d]: %w", i, err)
-		}
-		for _, id := range cp.Identities {
-			p.Identities = append(p.Identities, extproc.Identity{
-				Name: id.Name, Header: id.Header, Metadata: id.Metadata, Path: id.Path, Hash: id.Hash,
-			})
-		}
-		for j, b := range cp.Buckets {
-			limit, headroom, err := b.Limit()
-			if err != nil {
-				return nil, fmt.Errorf("policies[%d].buckets[%d]: %w", i, j, err)
-			}
-			p.Buckets = append(p.Buckets, extproc.BucketRule{
-				Name: b.Name, Per: b.Per, Limit: limit, Headroom: headroom,
-				Hard: b.Hard, MaxDebt: b.MaxDebt, Provider: b.ProviderLimit != nil, Lease: leaseOf(cfg, b.Lease),
-			})
-		}
-		for _, c := range cp.Concurrency {
-			p.Concurrency = append(p.Concurrency, extproc.ConcurrencyRule{Name: c.Name, Per: c.Per, Max: c.Max, Lease: c.Lease})
-		}
-		for j, q := range cp.Quotas {
-			w, unit, limit, err := q.Budget()
-			if err != nil {
-				return nil, fmt.Errorf("policies[%d].quotas[%d]: %w", i, j, err)
-			}
-			p.Quotas = append(p.Quotas, extproc.QuotaRule{Name: q.Name, Per: q.Per, Window: w, Unit: unit, Limit: limit, Hard: q.Hard})
-		}
-		out = append(out, p)
+// buildRLS makes the rate-limit service on the ext_proc server's store,
+// with the configuration's rls mapping loaded; without an rls section it
+// answers every call as ratelimit does before its first configuration.
+func buildRLS(cfg *config.Config, store buckets.Store, m *metrics.Metrics, logger *slog.Logger) (*rls.Service, error) {
+	svc, err := rls.New(rls.Config{
+		Store: store, Prices: cfg.Prices(), Logger: logger,
+		OnDescriptor: func(r rls.Result) { m.RLSDescriptor(r.Domain, r.Policy, r.Kind, r.Code, r.Shadow, r.Hits, r.Negative) },
+		OnError:      m.RLSError,
+	})
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	if err := loadRLS(svc, cfg); err != nil {
+		return nil, err
+	}
+	return svc, nil
+}
+
+// loadRLS makes cfg's rls mapping the service's; without an rls section
+// it unloads it.
+func loadRLS(svc *rls.Service, cfg *config.Config) error {
+	if cfg.RLS == nil {
+		return svc.Load(rls.Mapping{})
+	}
+	pols, err := policies(cfg)
+	if err != nil {
+		return err
+	}
+	return svc.Load(rls.Mapping{Config: cfg, Policies: pols})
 }
 
 // buildAdmin makes the admin server: overrides kept where the bucket
@@ -378,7 +360,7 @@ func (p *parts) buildAdmin(ctx context.Context, cfg *config.Config, primary buck
 		token, source = tok, "the value of "+env
 	}
 	p.admin = admin.New(ctx, admin.Options{
-		Config: cfg, Gateway: p.server, Overrides: overrides, Metrics: p.metrics, Gatherer: p.registry,
+		Config: cfg, Gateway: p.server, OnOverrides: p.rls.SetOverrides, Overrides: overrides, Metrics: p.metrics, Gatherer: p.registry,
 		Ready: p.readiness, Token: token, TokenSource: source, Logger: logger,
 	})
 	return nil
@@ -393,27 +375,6 @@ func (p *parts) readiness() error {
 		return errors.New("bucket store unreachable (failing closed)")
 	}
 	return nil
-}
-
-// tiers maps a policy's tier source and tiers onto the server's terms.
-func tiers(cp config.Policy) (*extproc.Identity, map[string]map[string]extproc.Override, error) {
-	if cp.Tier == nil {
-		return nil, nil, nil
-	}
-	src := &extproc.Identity{Name: "tier", Header: cp.Tier.Header, Metadata: cp.Tier.Metadata, Path: cp.Tier.Path}
-	out := make(map[string]map[string]extproc.Override, len(cp.Tiers))
-	for _, t := range cp.Tiers {
-		rules := make(map[string]extproc.Override, len(t.Limits))
-		for _, rl := range t.Limits {
-			ov, err := admin.OverrideOf(rl.Limits)
-			if err != nil {
-				return nil, nil, fmt.Errorf("tier %q, rule %q: %w", t.Name, rl.Rule, err)
-			}
-			rules[rl.Rule] = ov
-		}
-		out[t.Name] = rules
-	}
-	return src, out, nil
 }
 
 // buildStore makes the configured bucket store. The returned function closes

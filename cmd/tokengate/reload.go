@@ -102,7 +102,7 @@ func (r *reloader) reload(trigger string) {
 	}
 	if keys := r.parts.admin.Config().NeedsRestart(cfg); len(keys) > 0 {
 		r.parts.metrics.Reloaded(metrics.ReloadRestartRequired)
-		log.Error("configuration not reloaded: it changes keys that only a restart applies (a reload applies policies and default_policy); the configuration in force keeps serving",
+		log.Error("configuration not reloaded: it changes keys that only a restart applies (a reload applies policies, default_policy and rls); the configuration in force keeps serving",
 			"keys", keys)
 		return
 	}
@@ -116,11 +116,15 @@ func (r *reloader) reload(trigger string) {
 }
 
 // apply makes cfg the configuration in force: its policies for new
-// requests, its overrides, and the stored overrides checked against it.
+// requests and rate-limit calls, its rls mapping, its overrides, and the stored overrides checked against it.
 // cfg is validated and needs no restart (config.NeedsRestart).
 func (p *parts) apply(cfg *config.Config) error {
 	pols, err := policies(cfg)
 	if err != nil {
+		return err
+	}
+	// The rate-limit mapping first: it is the one that can refuse.
+	if err := loadRLS(p.rls, cfg); err != nil {
 		return err
 	}
 	p.server.Reload(pols, cfg.DefaultPolicy)

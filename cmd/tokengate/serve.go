@@ -15,12 +15,14 @@ import (
 	"syscall"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/tokengate/tokengate/admin"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/rls"
 )
 
 const serveHelp = `
@@ -155,10 +157,12 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	// limit, so that an oversized body gets tokengate's 413.
 	gs := grpc.NewServer(append(sec.grpc, parts.server.ServerOptions()...)...)
 	parts.server.Register(gs)
+	rlsv3.RegisterRateLimitServiceServer(gs, parts.rls)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("envoy.service.ext_proc.v3.ExternalProcessor", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(rls.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
 	as := &http.Server{Handler: parts.admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 

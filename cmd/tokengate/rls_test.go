@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// TestServeAnswersRateLimitCalls runs the binary on examples/rls/tokengate.yaml
+// and calls ShouldRateLimit on its gRPC listener, beside ext_proc: the
+// health service names the rate-limit service, the hits of user alice are
+// tokens of her bucket of 20,000, a charge past it is OVER_LIMIT with
+// retry-after, the answers are counted in the metrics, and a reload
+// of the file swaps the limits the calls meet.
+func TestServeAnswersRateLimitCalls(t *testing.T) {
+	bin := tokengateBinary(t)
+	data, err := os.ReadFile(filepath.Join(repoRoot, "examples/rls/tokengate.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "tokengate.yaml")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startServe(t, bin, nil, "--config", file)
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health of the rate-limit service: %v, %v", h, err)
+	}
+	rl := rlsv3.NewRateLimitServiceClient(conn)
+	call := func(user string, hits uint64) *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "ai-gateway", Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries:    []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
+			HitsAddend: wrapperspb.UInt64(hits),
+		}}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		return resp
+	}
+	st := call("alice", 15000).GetStatuses()[0]
+	if st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetCurrentLimit().GetRequestsPerUnit() != 60000 ||
+		st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || st.GetLimitRemaining() < 5000 || st.GetLimitRemaining() > 5100 {
+		t.Errorf("15,000 hits of a bucket of 20,000 refilling 60,000 a minute: %v", st)
+	}
+	over := call("alice", 8000)
+	if over.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || len(over.GetResponseHeadersToAdd()) != 1 || over.GetResponseHeadersToAdd()[0].GetKey() != "retry-after" {
+		t.Errorf("8,000 more hits: %v, want OVER_LIMIT with retry-after", over)
+	}
+	m, err := getBody(p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`tokengate_rls_descriptors_total{code="ok",domain="ai-gateway",kind="limit",policy="ai-gateway"} 1`,
+		`tokengate_rls_descriptors_total{code="over_limit",domain="ai-gateway",kind="limit",policy="ai-gateway"} 1`,
+		`tokengate_rls_hits_total{direction="charge",domain="ai-gateway",policy="ai-gateway"} 23000`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "tokengate_rls_"))
+		}
+	}
+
+	// A reload doubles the refill: the next call meets the new rule.
+	changed := strings.Replace(string(data), "tokens_per_minute: 60000", "tokens_per_minute: 120000", 1)
+	if changed == string(data) {
+		t.Fatal("the example no longer holds tokens_per_minute: 60000")
+	}
+	if err := os.WriteFile(file, []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if call("bob", 0).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() == 120000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reload did not reach the rate-limit service within 20s:\n%s", p.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the reload, with the deadline above
+	}
+	p.stop(t)
+}
+
+// TestServeReadsRatelimitFiles: the binary reads envoyproxy/ratelimit's
+// own file through ratelimit.files and answers as ratelimit would: 2 per
+// minute per user, the third hit over the limit.
+func TestServeReadsRatelimitFiles(t *testing.T) {
+	bin := tokengateBinary(t)
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"tokengate.yaml": "store: {type: memory}\nratelimit:\n  files: [ratelimit.yaml]\n",
+		"ratelimit.yaml": "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startServe(t, bin, nil, "--config", filepath.Join(dir, "tokengate.yaml"))
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rl := rlsv3.NewRateLimitServiceClient(conn)
+	var codes []string
+	for range 3 {
+		resp, err := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: "ann"}},
+		}}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		codes = append(codes, resp.GetOverallCode().String())
+		if cl := resp.GetStatuses()[0].GetCurrentLimit(); cl.GetRequestsPerUnit() != 2 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Errorf("current_limit %v, want 2 per minute", cl)
+		}
+	}
+	if got := strings.Join(codes, " "); got != "OK OK OVER_LIMIT" {
+		t.Errorf("three hits of 2 per minute: %s", got)
+	}
+	p.stop(t)
+}

@@ -1,0 +1,763 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tokengate/tokengate/admission"
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/billing"
+	"github.com/tokengate/tokengate/pricing"
+	"github.com/tokengate/tokengate/rls/rlconfig"
+	"github.com/tokengate/tokengate/tokenizer"
+)
+
+// ServiceName is the gRPC service the Service implements, as the health
+// server names it.
+const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// MaxDescriptors bounds the descriptors of one call: each is a store call.
+// Envoy sends one per rate_limits entry of a route, a handful.
+const MaxDescriptors = 256
+
+// Config is the service's configuration. Plain data; Store is required.
+type Config struct {
+	// Store holds the buckets and quotas, the same store as the ext_proc
+	// server's, so that both fronts meter one set of levels. It must
+	// implement buckets.Charger and buckets.Inspector.
+	Store buckets.Store
+	// Prices prices the hits of descriptors that meet a quota of money, by
+	// the model entry's model. Required when a mapped rule is one.
+	Prices *pricing.Table
+	// Logger receives the service's logs. Default slog.Default().
+	Logger *slog.Logger
+	// OnDescriptor, when set, is called once per descriptor answered, for
+	// metrics.
+	OnDescriptor func(Result)
+	// OnError, when set, is called once per call answered with an error,
+	// with its reason (Result's error reasons).
+	OnError func(reason string)
+}
+
+// Result is what one descriptor of a call met and was answered. A plain
+// value; Domain is the request's only when a mapping names it, so that it
+// is a bounded label.
+type Result struct {
+	// Domain is the mapped domain, or "" for a domain no mapping names.
+	Domain string
+	// Policy is the policy the descriptor met; "" when none.
+	Policy string
+	// Kind: limit, deny, unlimited, no_limit (a descriptor that lands on
+	// no limit), unknown_domain, replaced, unpriced (a quota of money
+	// the model entry's model has no price for), override (a descriptor's
+	// own limit).
+	Kind string
+	// Code is the status's code: ok or over_limit.
+	Code string
+	// Hits are the descriptor's hits; Negative for a refund.
+	Hits     uint64
+	Negative bool
+	// Shadow is true when shadow mode (the rule's or the service's) turned
+	// an over-limit answer into OK.
+	Shadow bool
+}
+
+// Kinds of Result.
+const (
+	KindLimit         = "limit"
+	KindDeny          = "deny"
+	KindUnlimited     = "unlimited"
+	KindNoLimit       = "no_limit"
+	KindUnknownDomain = "unknown_domain"
+	KindReplaced      = "replaced"
+	KindUnpriced      = "unpriced"
+	KindOverride      = "override"
+)
+
+// Reasons of Config.OnError.
+const (
+	ErrorInvalid  = "invalid_request"
+	ErrorNoConfig = "no_config"
+	ErrorStore    = "store_error"
+	ErrorCaller   = "caller_gone"
+)
+
+// Mapping is what Load swaps in: a validated configuration whose rls
+// section maps domains onto its policies, and those policies as the
+// admission core holds them (the same that the ext_proc server was given).
+type Mapping struct {
+	Config   *config.Config
+	Policies []admission.Policy
+}
+
+// mapping is a loaded Mapping. Immutable.
+type mapping struct {
+	cfg      *config.Config
+	policies admission.Policies
+	byName   map[string]*config.Policy
+	shadow   bool
+}
+
+// Service implements envoy.service.ratelimit.v3.RateLimitService on the
+// admission core: each descriptor lands on the rules of a policy
+// (config.Config.MatchRLS) and its hits are tokens of those rules, charged
+// in the store (docs/rls.md, "Hits onto tokens"). Safe for concurrent
+// use.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	cfg       Config
+	charger   buckets.Charger
+	inspector buckets.Inspector
+	live      atomic.Pointer[mapping]
+	overrides atomic.Pointer[admission.Overrides]
+}
+
+// New returns a service without a mapping: every call is an error until
+// Load gives it one, as ratelimit answers before its first configuration.
+func New(c Config) (*Service, error) {
+	ch, ok := c.Store.(buckets.Charger)
+	if !ok {
+		return nil, fmt.Errorf("rls: the bucket store %T cannot charge hits (buckets.Charger)", c.Store)
+	}
+	in, ok := c.Store.(buckets.Inspector)
+	if !ok {
+		return nil, fmt.Errorf("rls: the bucket store %T cannot be inspected (buckets.Inspector)", c.Store)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s := &Service{cfg: c, charger: ch, inspector: in}
+	s.overrides.Store(&admission.Overrides{})
+	return s, nil
+}
+
+// Load makes m the mapping of every call from now on; calls under way
+// finish on the one they started with. A nil Config unloads it.
+func (s *Service) Load(m Mapping) error {
+	if m.Config == nil {
+		s.live.Store(nil)
+		return nil
+	}
+	lm := &mapping{cfg: m.Config, policies: admission.NewPolicies(m.Policies), byName: map[string]*config.Policy{}}
+	for i := range m.Config.Policies {
+		p := &m.Config.Policies[i]
+		lm.byName[p.Name] = p
+		ap := lm.policies[p.Name]
+		if ap == nil {
+			return fmt.Errorf("rls: policy %q of the configuration is not among the admission policies", p.Name)
+		}
+		if ap.Charges() && s.cfg.Prices == nil {
+			return fmt.Errorf("rls: policy %q has a quota of money but the service has no price table", p.Name)
+		}
+	}
+	if m.Config.RLS != nil {
+		lm.shadow = m.Config.RLS.ShadowMode
+	}
+	s.live.Store(lm)
+	return nil
+}
+
+// SetOverrides makes o the per-identity overrides of every call from now
+// on, as the ext_proc server's (admission.Overrides).
+func (s *Service) SetOverrides(o admission.Overrides) {
+	if o == nil {
+		o = admission.Overrides{}
+	}
+	s.overrides.Store(&o)
+}
+
+// plan is what one descriptor meets.
+type plan struct {
+	kind     string
+	node     *config.RLSDescriptor
+	policy   string
+	hits     uint64
+	negative bool
+	buckets  []buckets.Bucket
+	quotas   []buckets.Quota
+	slots    []buckets.Slot
+	// perHit is the money one hit costs, in micro-units, for quotas of
+	// money.
+	perHit float64
+	// name is the limit's name (rate_limit.name) for current_limit.
+	name string
+	// adhoc is a descriptor's own limit: as ratelimit's, it has no name,
+	// replaces nothing and has no shadow or quota mode (§3.2).
+	adhoc bool
+}
+
+// modes is the node whose shadow mode, quota mode, name and replaces apply
+// to the plan's limit; nil for none.
+func (p *plan) modes() *config.RLSDescriptor {
+	if p.adhoc {
+		return nil
+	}
+	return p.node
+}
+
+// verdict is what the store said of one rule of a descriptor.
+type verdict struct {
+	over      bool
+	remaining float64 // in hits
+	reset     time.Duration
+	limit     *rlsv3.RateLimitResponse_RateLimit
+}
+
+var (
+	okCode   = rlsv3.RateLimitResponse_OK
+	overCode = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+// ShouldRateLimit implements rlsv3.RateLimitServiceServer.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, s.fail(ErrorInvalid, codes.Unknown, "rate limit domain must not be empty")
+	}
+	if len(req.GetDescriptors()) == 0 {
+		return nil, s.fail(ErrorInvalid, codes.Unknown, "rate limit descriptor list must not be empty")
+	}
+	if n := len(req.GetDescriptors()); n > MaxDescriptors {
+		return nil, s.fail(ErrorInvalid, codes.InvalidArgument, fmt.Sprintf("%d descriptors in one call, more than the %d the service answers", n, MaxDescriptors))
+	}
+	m := s.live.Load()
+	if m == nil {
+		return nil, s.fail(ErrorNoConfig, codes.Unknown, "no rate limit configuration loaded")
+	}
+	plans := make([]plan, len(req.GetDescriptors()))
+	for i, d := range req.GetDescriptors() {
+		p, err := s.plan(m, req, d)
+		if err != nil {
+			return nil, s.fail(ErrorInvalid, codes.InvalidArgument, fmt.Sprintf("descriptor %d: %v", i, err))
+		}
+		plans[i] = p
+	}
+	replaced := rlconfig.Replaced(plans,
+		func(p plan) string {
+			if n := p.modes(); n != nil {
+				return n.Name
+			}
+			return ""
+		},
+		func(p plan) []string {
+			if n := p.modes(); n != nil {
+				return n.Replaces
+			}
+			return nil
+		})
+
+	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plans))}
+	domain := ""
+	if m.cfg.RLSTree(req.GetDomain()) != nil {
+		domain = req.GetDomain()
+	}
+	failedLimit, failedQuota, quotaMode := 0, 0, 0
+	var retry time.Duration
+	for i := range plans {
+		p := &plans[i]
+		if replaced[i] {
+			p.kind = KindReplaced
+		}
+		st, err := s.answer(ctx, p)
+		if err != nil {
+			return nil, s.storeError(err)
+		}
+		res := Result{Domain: domain, Policy: p.policy, Kind: p.kind, Code: "ok", Hits: p.hits, Negative: p.negative}
+		if st.Code == overCode {
+			res.Code = "over_limit"
+			if n := p.modes(); n != nil && n.ShadowMode {
+				st.Code, st.LimitRemaining, res.Shadow = okCode, 0, true
+			}
+		}
+		quota := p.modes() != nil && p.modes().QuotaMode
+		if quota {
+			quotaMode++
+		}
+		if st.Code == overCode {
+			if quota {
+				failedQuota++
+			} else {
+				failedLimit++
+			}
+			retry = max(retry, st.GetDurationUntilReset().AsDuration())
+		}
+		resp.Statuses[i] = st
+		if s.cfg.OnDescriptor != nil {
+			if m.shadow && st.Code == overCode {
+				res.Shadow = true
+			}
+			s.cfg.OnDescriptor(res)
+		}
+	}
+	resp.OverallCode = okCode
+	if failedLimit > 0 || quotaMode > 0 && quotaMode == failedQuota {
+		resp.OverallCode = overCode
+	}
+	if m.shadow {
+		resp.OverallCode = okCode
+	}
+	if resp.OverallCode == overCode {
+		secs := int64(math.Ceil(retry.Seconds()))
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, headerValue("retry-after", strconv.FormatInt(max(secs, 1), 10)))
+	}
+	return resp, nil
+}
+
+// fail counts and answers an error.
+func (s *Service) fail(reason string, code codes.Code, msg string) error {
+	if s.cfg.OnError != nil {
+		s.cfg.OnError(reason)
+	}
+	return status.Error(code, msg)
+}
+
+// storeError answers a store call that failed: the caller's own end as
+// its code, anything else as the store being unavailable.
+func (s *Service) storeError(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return s.fail(ErrorCaller, codes.Canceled, "the call was cancelled")
+	case errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, buckets.ErrStore):
+		return s.fail(ErrorCaller, codes.DeadlineExceeded, "the call's deadline passed")
+	}
+	s.cfg.Logger.Warn("rate-limit call failed: the bucket store did not answer", "err", err)
+	return s.fail(ErrorStore, codes.Unavailable, "the bucket store is unavailable")
+}
+
+// hitsOf is a descriptor's hits (§3.3): its own hits_addend when set, 0
+// included, else the request's, at least 1.
+func hitsOf(req *rlsv3.RateLimitRequest, d *commonv3.RateLimitDescriptor) uint64 {
+	if h := d.GetHitsAddend(); h != nil {
+		return h.GetValue()
+	}
+	return uint64(max(1, req.GetHitsAddend()))
+}
+
+// plan finds what descriptor d of req meets, and its buckets, quotas and
+// slots with the limits in force.
+func (s *Service) plan(m *mapping, req *rlsv3.RateLimitRequest, d *commonv3.RateLimitDescriptor) (plan, error) {
+	p := plan{hits: hitsOf(req, d), negative: d.GetIsNegativeHits()}
+	match, known, ok := m.cfg.MatchRLS(req.GetDomain(), d)
+	override := d.GetLimit()
+	var limit buckets.Limit
+	if override != nil {
+		l, err := overrideLimit(override)
+		if err != nil {
+			return p, err
+		}
+		limit = l
+	}
+	switch {
+	case !known:
+		p.kind = KindUnknownDomain
+		return p, nil
+	case !ok && override == nil:
+		p.kind = KindNoLimit
+		return p, nil
+	case !ok || override != nil && match.Descriptor().Policy == "":
+		// A descriptor's own limit where the tree has no policy (no
+		// limit, unlimited or deny: ratelimit's own limit skips the
+		// tree): a bucket of the domain's own, one per list of entries,
+		// as ratelimit keeps one counter per domain and entries.
+		p.kind, p.adhoc = KindOverride, true
+		p.buckets = []buckets.Bucket{{Name: "limit", Key: admission.DescriptorKey(req.GetDomain(), entryStrings(d)), Limit: limit, MaxDebt: limit.Capacity}}
+		return p, nil
+	}
+	node := match.Descriptor()
+	p.node, p.name = node, node.Name
+	switch {
+	case node.Unlimited:
+		p.kind = KindUnlimited
+		return p, nil
+	case node.Deny:
+		p.kind = KindDeny
+		return p, nil
+	}
+	p.kind, p.policy = KindLimit, node.Policy
+	if override != nil {
+		p.kind, p.adhoc, p.name = KindOverride, true, ""
+	}
+	pol, cpol := m.policies[node.Policy], m.byName[node.Policy]
+	if pol == nil || cpol == nil {
+		return p, fmt.Errorf("the mapping names policy %q, which is not loaded", node.Policy)
+	}
+	ids := make(map[string]string, len(pol.Identities))
+	for _, id := range pol.Identities {
+		if v, ok := match.Identity(id.Name); ok {
+			if k := admission.IdentityKey(v, id.Hash); k != "" {
+				ids[id.Name] = k
+			}
+		}
+	}
+	model, _ := match.Model()
+	c := admission.Chain{
+		Policy: pol, PolicyName: pol.Name, IDs: ids, ModelKey: tokenizer.ModelKey(model),
+		Overrides: *s.overrides.Load(),
+	}
+	if s.cfg.Prices != nil {
+		c.Currency = s.cfg.Prices.Currency()
+	}
+	bs, qs, cs := node.Meets(*cpol)
+	for _, b := range bs {
+		if r := bucketRule(pol, b.Name); r != nil {
+			bk := c.Bucket(*r)
+			if override != nil {
+				bk.Limit = limit
+			}
+			p.buckets = append(p.buckets, bk)
+		}
+	}
+	money := false
+	for _, q := range qs {
+		if r := quotaRule(pol, q.Name); r != nil {
+			p.quotas = append(p.quotas, c.Quota(*r))
+			money = money || r.Unit == buckets.Money
+		}
+	}
+	for _, cr := range cs {
+		if r := concurrencyRule(pol, cr.Name); r != nil {
+			p.slots = append(p.slots, c.Slot(*r))
+		}
+	}
+	if money {
+		price, err := admission.PriceOf(s.cfg.Prices, model, billing.Auto)
+		if err != nil {
+			p.kind = KindUnpriced
+			return p, nil
+		}
+		p.perHit = perHit(price)
+	}
+	return p, nil
+}
+
+// answer runs one descriptor's plan against the store and says its
+// status; shadow and quota mode are the caller's.
+func (s *Service) answer(ctx context.Context, p *plan) (*rlsv3.RateLimitResponse_DescriptorStatus, error) {
+	switch p.kind {
+	case KindUnknownDomain, KindNoLimit, KindReplaced:
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}, nil
+	case KindUnlimited:
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode, LimitRemaining: math.MaxUint32}, nil
+	case KindDeny:
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: p.name}}
+		if p.hits > 0 && !p.negative {
+			st.Code = overCode
+		}
+		return st, nil
+	case KindUnpriced:
+		// A quota of money that cannot price the hits cannot count them:
+		// refused, nothing written, as ext_proc refuses an unpriced model.
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: overCode}, nil
+	}
+	if len(p.buckets) == 0 && len(p.quotas) == 0 && len(p.slots) == 0 {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}, nil
+	}
+	var vs []verdict
+	var err error
+	switch {
+	case p.hits == 0:
+		vs, err = s.check(ctx, p)
+	default:
+		vs, err = s.charge(ctx, p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p.status(vs), nil
+}
+
+// check answers a descriptor of 0 hits: over while some rule is in debt
+// (a level of exactly 0 passes, with remaining 0), or while some
+// concurrency limit is full. Nothing is written.
+func (s *Service) check(ctx context.Context, p *plan) ([]verdict, error) {
+	var vs []verdict
+	if len(p.buckets) > 0 || len(p.quotas) > 0 {
+		bs, qs, err := s.inspector.Inspect(ctx, p.buckets, p.quotas)
+		if err != nil {
+			return nil, err
+		}
+		if len(bs) != len(p.buckets) || len(qs) != len(p.quotas) {
+			return nil, fmt.Errorf("rls: the store answered %d and %d states for %d buckets and %d quotas: %w", len(bs), len(qs), len(p.buckets), len(p.quotas), buckets.ErrStore)
+		}
+		for i, b := range p.buckets {
+			vs = append(vs, bucketVerdict(b, bs[i].Remaining, bs[i].Reset, 0, p.name))
+		}
+		vs = append(vs, p.quotaVerdicts(qs)...)
+	}
+	if len(p.slots) > 0 {
+		held, err := s.inspector.InUse(ctx, p.slots)
+		if err != nil {
+			return nil, err
+		}
+		if len(held) != len(p.slots) {
+			return nil, fmt.Errorf("rls: the store answered %d counts for %d slots: %w", len(held), len(p.slots), buckets.ErrStore)
+		}
+		for i, sl := range p.slots {
+			vs = append(vs, verdict{
+				over: held[i] >= sl.Max, remaining: float64(max(0, sl.Max-held[i])),
+				limit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(sl.Max), Name: p.name},
+			})
+		}
+	}
+	return vs, nil
+}
+
+// charge charges (or, for negative hits, refunds) a descriptor's hits
+// from every bucket and quota it meets in one store call, applied once by
+// an ID of the service's own however often the store sends it, written
+// also when some rule has fewer tokens than the hits (down to its floor).
+// Concurrency limits are checked, not held: over RLS a call is not a
+// request in flight.
+func (s *Service) charge(ctx context.Context, p *plan) ([]verdict, error) {
+	n := float64(p.hits)
+	r := &buckets.Reservation{ID: admission.NewID(), Buckets: p.buckets, Quotas: p.quotas}
+	actual := n
+	if p.negative {
+		r.Cost, r.Money, actual = n, n*p.perHit, 0
+	} else {
+		r.Spent = n * p.perHit
+	}
+	var vs []verdict
+	if len(p.buckets) > 0 || len(p.quotas) > 0 {
+		states, err := s.charger.Charge(ctx, r, actual)
+		if err != nil {
+			return nil, err
+		}
+		if len(states) != len(p.buckets) {
+			return nil, fmt.Errorf("rls: the store answered %d states for %d buckets: %w", len(states), len(p.buckets), buckets.ErrStore)
+		}
+		need := n
+		if p.negative {
+			need = 0
+		}
+		for i, b := range p.buckets {
+			// The level the charge left before the floor is below zero
+			// when the bucket held fewer tokens than the hits.
+			before := states[i].Remaining - states[i].Forgiven
+			v := bucketVerdict(b, states[i].Remaining, states[i].Reset, need, p.name)
+			v.over = before < 0 && !p.negative
+			vs = append(vs, v)
+		}
+		if len(p.quotas) > 0 {
+			// The quotas' spend is read after the charge: under
+			// concurrent hits it may hold others' too, so a quota's
+			// verdict can only be the stricter one.
+			_, qs, err := s.inspector.Inspect(context.WithoutCancel(ctx), nil, p.quotas)
+			if err != nil {
+				return nil, err
+			}
+			if len(qs) != len(p.quotas) {
+				return nil, fmt.Errorf("rls: the store answered %d states for %d quotas: %w", len(qs), len(p.quotas), buckets.ErrStore)
+			}
+			for _, v := range p.quotaVerdicts(qs) {
+				if p.negative {
+					v.over = false
+				}
+				vs = append(vs, v)
+			}
+		}
+	}
+	if len(p.slots) > 0 && !p.negative {
+		held, err := s.inspector.InUse(context.WithoutCancel(ctx), p.slots)
+		if err != nil {
+			return nil, err
+		}
+		for i, sl := range p.slots {
+			if i < len(held) {
+				vs = append(vs, verdict{
+					over: held[i] >= sl.Max, remaining: float64(max(0, sl.Max-held[i])),
+					limit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(sl.Max), Name: p.name},
+				})
+			}
+		}
+	}
+	return vs, nil
+}
+
+// bucketVerdict is a bucket's verdict at level (after the call), for a
+// call of need hits: over when in debt; the reset is the time until it is
+// full (OK) or holds need hits again (over).
+func bucketVerdict(b buckets.Bucket, level float64, full time.Duration, need float64, name string) verdict {
+	v := verdict{over: level < 0, remaining: max(0, level), reset: full, limit: bucketLimit(b.Limit, name)}
+	if v.over || level < need {
+		v.reset = refill(b.Limit, need-level)
+	}
+	return v
+}
+
+// quotaVerdicts are the quotas' verdicts after a charge (or, checking,
+// as they stand): over when the window is overspent; the reset is the
+// window's end. A quota of money counts in hits at the descriptor's price.
+func (p *plan) quotaVerdicts(qs []buckets.QuotaState) []verdict {
+	out := make([]verdict, 0, len(qs))
+	for j, q := range qs {
+		remaining, limit := q.Remaining, q.Limit
+		if p.quotas[j].Unit == buckets.Money {
+			remaining, limit = remaining/p.perHit, limit/p.perHit
+		}
+		out = append(out, verdict{
+			over: q.Remaining < 0, remaining: max(0, remaining), reset: q.Reset,
+			limit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: clampUint32(limit), Unit: windowUnit(p.quotas[j].Window), Name: p.name},
+		})
+	}
+	return out
+}
+
+// status is a descriptor's status from its rules' verdicts: the most
+// restrictive rule's — among rules over the limit, the one that takes
+// longest to hold the hits again; else the one with the least remaining.
+func (p *plan) status(vs []verdict) *rlsv3.RateLimitResponse_DescriptorStatus {
+	if len(vs) == 0 {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}
+	}
+	pick := 0
+	for i, v := range vs[1:] {
+		w := vs[pick]
+		switch {
+		case v.over && !w.over, v.over && w.over && v.reset > w.reset, !v.over && !w.over && v.remaining < w.remaining:
+			pick = i + 1
+		}
+	}
+	v := vs[pick]
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{
+		Code: okCode, CurrentLimit: v.limit, LimitRemaining: clampUint32(math.Floor(v.remaining)),
+		DurationUntilReset: durationpb.New(v.reset.Round(time.Millisecond)),
+	}
+	if v.over {
+		st.Code, st.LimitRemaining = overCode, 0
+	}
+	return st
+}
+
+// overrideLimit is a descriptor's own limit as a bucket's: requests_per_unit
+// of capacity, refilling requests_per_unit per unit.
+func overrideLimit(o *commonv3.RateLimitDescriptor_RateLimitOverride) (buckets.Limit, error) {
+	secs := rlconfig.UnitSeconds(rlconfig.Unit(o.GetUnit()))
+	if secs == 0 {
+		return buckets.Limit{}, errors.New("its limit has no unit")
+	}
+	n := float64(o.GetRequestsPerUnit())
+	if n == 0 {
+		return buckets.Limit{}, errors.New("its limit has requests_per_unit 0")
+	}
+	return buckets.Limit{Capacity: n, Rate: n / float64(secs)}, nil
+}
+
+// units are the units a bucket's limit is reported in.
+var units = []rlconfig.Unit{
+	rlsv3.RateLimitResponse_RateLimit_SECOND, rlsv3.RateLimitResponse_RateLimit_MINUTE,
+	rlsv3.RateLimitResponse_RateLimit_HOUR, rlsv3.RateLimitResponse_RateLimit_DAY,
+	rlsv3.RateLimitResponse_RateLimit_WEEK, rlsv3.RateLimitResponse_RateLimit_MONTH,
+	rlsv3.RateLimitResponse_RateLimit_YEAR,
+}
+
+// bucketLimit is a bucket's limit as ratelimit would report the rule it was
+// imported from: a bucket of capacity N refilling N per unit is N per that
+// unit; any other bucket is its refill per the unit nearest the time it
+// takes to refill whole.
+func bucketLimit(l buckets.Limit, name string) *rlsv3.RateLimitResponse_RateLimit {
+	full := l.Capacity / l.Rate
+	best, dist := units[0], math.Inf(1)
+	for _, u := range units {
+		if d := math.Abs(math.Log(float64(rlconfig.UnitSeconds(u)) / full)); d < dist {
+			best, dist = u, d
+		}
+	}
+	n := l.Rate * float64(rlconfig.UnitSeconds(best))
+	if math.Abs(n-l.Capacity) <= 1e-6*l.Capacity {
+		n = l.Capacity
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: clampUint32(math.Round(n)), Unit: best, Name: name}
+}
+
+// windowUnit is a quota window's unit.
+func windowUnit(w buckets.Window) rlconfig.Unit {
+	switch w.Period {
+	case buckets.Day:
+		return rlsv3.RateLimitResponse_RateLimit_DAY
+	case buckets.Week:
+		return rlsv3.RateLimitResponse_RateLimit_WEEK
+	case buckets.Month:
+		return rlsv3.RateLimitResponse_RateLimit_MONTH
+	}
+	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// perHit is what one hit costs at price, in micro-units: a token at the
+// dearest of the model's rates, so that hits of any kind are never charged
+// less than they cost.
+func perHit(price pricing.Price) float64 {
+	const n = 1_000_000
+	return float64(max(price.MaxCost(n, 0), price.MaxCost(0, n))) / n
+}
+
+func clampUint32(v float64) uint32 {
+	switch {
+	case v <= 0 || math.IsNaN(v):
+		return 0
+	case v >= math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(v)
+}
+
+// entryStrings are a descriptor's entries as key=value strings, in order.
+func entryStrings(d *commonv3.RateLimitDescriptor) []string {
+	out := make([]string, len(d.GetEntries()))
+	for i, e := range d.GetEntries() {
+		out[i] = e.GetKey() + "=" + e.GetValue()
+	}
+	return out
+}
+
+func bucketRule(p *admission.Policy, name string) *admission.BucketRule {
+	for i := range p.Buckets {
+		if p.Buckets[i].Name == name {
+			return &p.Buckets[i]
+		}
+	}
+	return nil
+}
+
+func quotaRule(p *admission.Policy, name string) *admission.QuotaRule {
+	for i := range p.Quotas {
+		if p.Quotas[i].Name == name {
+			return &p.Quotas[i]
+		}
+	}
+	return nil
+}
+
+func concurrencyRule(p *admission.Policy, name string) *admission.ConcurrencyRule {
+	for i := range p.Concurrency {
+		if p.Concurrency[i].Name == name {
+			return &p.Concurrency[i]
+		}
+	}
+	return nil
+}
+
+func headerValue(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
+
+// refill is the time bucket limit l takes to refill n tokens, at most a
+// year (a duration Envoy can print).
+func refill(l buckets.Limit, n float64) time.Duration {
+	const most = 365 * 24 * time.Hour
+	if l.Rate <= 0 {
+		return most
+	}
+	return min(most, time.Duration(math.Ceil(n/l.Rate*float64(time.Second))))
+}
