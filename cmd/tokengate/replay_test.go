@@ -82,6 +82,13 @@ policies:
 		}
 	}
 	ask(s.grpc) // while Redis answers: the gateway learns the window
+	// The settlement goes to Redis after the answer, within its settle
+	// window: Redis is killed once it landed, not with it in flight (a
+	// settlement whose reply is lost is the ambiguous case, tested in
+	// buckets/failover).
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer client.Close()
+	poll(t, func() error { return windowHolds(client, cfg.Store.Redis.KeyPrefix, settledIn(logs.String())) })
 	srv.Kill()
 	ask(s.grpc) // admitted by the fallback
 	// The outage's spend waits (and the cancellation of the reserve the
@@ -98,8 +105,24 @@ policies:
 		t.Fatalf("store.replay_file after a shutdown with Redis down: %v\n%s", err, logs.String())
 	}
 
+	used := settledIn(logs.String())
+	if used == 0 {
+		t.Fatalf("no request settled:\n%s", logs.String())
+	}
+	srv.Restart()
+	next := serveInProcess(t, cfg, slog.New(slog.NewJSONHandler(&syncBuffer{}, nil)))
+	poll(t, func() error { return windowHolds(client, cfg.Store.Redis.KeyPrefix, used) })
+	metricValue(t, next.admin, "tokengate_store_replay_pending", 0)
+	if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("store.replay_file still there after it was loaded: %v", err)
+	}
+}
+
+// settledIn is the sum of the tokens the "request finished" lines of a
+// JSON log settled.
+func settledIn(logs string) float64 {
 	used := 0.0
-	for _, line := range strings.Split(logs.String(), "\n") {
+	for _, line := range strings.Split(logs, "\n") {
 		var l struct {
 			Msg     string
 			Settled float64
@@ -108,32 +131,25 @@ policies:
 			used += l.Settled
 		}
 	}
-	if used == 0 {
-		t.Fatalf("no request settled:\n%s", logs.String())
+	return used
+}
+
+// windowHolds reports whether the one quota window in Redis holds want
+// tokens.
+func windowHolds(client *redis.Client, prefix string, want float64) error {
+	keys, err := client.Keys(context.Background(), prefix+"q:*").Result()
+	if err != nil || len(keys) != 1 {
+		return fmt.Errorf("quota keys %q, %v", keys, err)
 	}
-	srv.Restart()
-	next := serveInProcess(t, cfg, slog.New(slog.NewJSONHandler(&syncBuffer{}, nil)))
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer client.Close()
-	poll(t, func() error {
-		keys, err := client.Keys(context.Background(), cfg.Store.Redis.KeyPrefix+"q:*").Result()
-		if err != nil || len(keys) != 1 {
-			return fmt.Errorf("quota keys %q, %v", keys, err)
-		}
-		v, err := client.Get(context.Background(), keys[0]).Bytes()
-		// A packed double and the unit's tag ("t": tokens).
-		if err != nil || len(v) != 9 || v[8] != 't' {
-			return fmt.Errorf("quota value %q, %v", v, err)
-		}
-		if got := math.Float64frombits(bin.LittleEndian.Uint64(v)); got != used {
-			return fmt.Errorf("the window in Redis holds %v tokens, want the %v used", got, used)
-		}
-		return nil
-	})
-	metricValue(t, next.admin, "tokengate_store_replay_pending", 0)
-	if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("store.replay_file still there after it was loaded: %v", err)
+	v, err := client.Get(context.Background(), keys[0]).Bytes()
+	// A packed double and the unit's tag ("t": tokens).
+	if err != nil || len(v) != 9 || v[8] != 't' {
+		return fmt.Errorf("quota value %q, %v", v, err)
 	}
+	if got := math.Float64frombits(bin.LittleEndian.Uint64(v)); got != want {
+		return fmt.Errorf("the window in Redis holds %v tokens, want the %v used", got, want)
+	}
+	return nil
 }
 
 // metricNow reads a metric without labels from the admin listener.
