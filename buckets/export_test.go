@@ -13,3 +13,16 @@ func Sizes(m *Memory) (buckets, slots, open int) {
 	}
 	return buckets, slots, open
 }
+
+// Marks reports how many marks (of replays, charges, cancellations) m
+// holds.
+func Marks(m *Memory) int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += len(sh.marks)
+		sh.mu.Unlock()
+	}
+	return n
+}

@@ -586,6 +586,9 @@ const (
 	// settleCancel: a Cancel, of an open reservation only, at zero; the ID
 	// is then refused for RepeatWindow.
 	settleCancel
+	// chargeOnce: a Charge, as replayUnsent, but its ID is remembered for
+	// RepeatWindow only: a copy comes from the caller's own retries.
+	chargeOnce
 )
 
 // settle is Settle, Replay and Cancel: each applies the settlement of r
@@ -624,7 +627,7 @@ func (m *Memory) settle(r *Reservation, actual float64, mode settleMode) ([]Buck
 	apply := open && exp > now
 	debitsOnly := false
 	switch mode {
-	case replayUnsent, replaySent:
+	case replayUnsent, replaySent, chargeOnce:
 		if rec.marked(replayMark+r.ID, now) {
 			apply = false
 			break
@@ -632,7 +635,11 @@ func (m *Memory) settle(r *Reservation, actual float64, mode settleMode) ([]Buck
 		if !apply {
 			apply, debitsOnly = true, mode == replaySent
 		}
-		rec.mark(replayMark+r.ID, now+int64(replayMarkTTL(r.Windows, wall)))
+		ttl := replayMarkTTL(r.Windows, wall)
+		if mode == chargeOnce {
+			ttl = RepeatWindow
+		}
+		rec.mark(replayMark+r.ID, now+int64(ttl))
 	case settleCancel:
 		rec.mark(cancelMark+r.ID, now+int64(RepeatWindow))
 	}
@@ -815,7 +822,8 @@ func (m *Memory) AddSpend(ctx context.Context, id string, ss []Spend) error {
 var _ Charger = (*Memory)(nil)
 
 // Charge implements Charger: a Replay of a settlement that never reached
-// the store.
+// the store, whose ID is remembered for RepeatWindow (a marker per call
+// kept as long as a replay's would hold a day of rate-limit calls).
 func (m *Memory) Charge(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: charge: reservation without ID", ErrInvalidRequest)
@@ -825,5 +833,5 @@ func (m *Memory) Charge(ctx context.Context, r *Reservation, actual float64) ([]
 	}
 	_, wall := m.clock()
 	ChargeWindows(r, wall)
-	return m.settle(r, actual, replayUnsent)
+	return m.settle(r, actual, chargeOnce)
 }

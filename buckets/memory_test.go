@@ -166,3 +166,53 @@ func ExampleMemory() {
 	// false short_of_tokens user 10s
 	// true
 }
+
+// TestMemoryChargeMarksAreForgottenAfterTheRepeatWindow: each charge (a
+// rate-limit service's hits) is remembered by its ID so that a copy
+// applies nothing, for buckets.RepeatWindow only; a day, as a replay's
+// mark, would keep a mark per rate-limit call in memory for a day.
+func TestMemoryChargeMarksAreForgottenAfterTheRepeatWindow(t *testing.T) {
+	clock := bucketstest.NewClock()
+	m := buckets.NewMemory(buckets.MemoryOptions{Now: clock.Now})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "u", Key: "u", Limit: buckets.Limit{Capacity: 1e6, Rate: 1e6}}
+	for i := range 1000 {
+		r := &buckets.Reservation{ID: "c" + strconv.Itoa(i), Buckets: []buckets.Bucket{b}}
+		if _, err := m.Charge(ctx, r, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A copy of the last applies nothing while it is remembered.
+	before, _, err := m.Inspect(ctx, []buckets.Bucket{b}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Charge(ctx, &buckets.Reservation{ID: "c999", Buckets: []buckets.Bucket{b}}, 1000); err != nil {
+		t.Fatal(err)
+	}
+	after, _, err := m.Inspect(ctx, []buckets.Bucket{b}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[0].Remaining < before[0].Remaining {
+		t.Fatalf("a copy of a charge applied again: %v → %v", before[0].Remaining, after[0].Remaining)
+	}
+	if n := buckets.Marks(m); n < 1000 {
+		t.Fatalf("%d marks after 1000 charges, want one each", n)
+	}
+	clock.Advance(buckets.RepeatWindow + 2*time.Minute)
+	touch := buckets.Request{Buckets: []buckets.Bucket{{Name: "k", Limit: buckets.Limit{Capacity: 10, Rate: 1}}}}
+	for i := range 2000 {
+		touch.Buckets[0].Key = "touch" + strconv.Itoa(i)
+		d, err := m.Reserve(ctx, touch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Settle(ctx, d.Reservation, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := buckets.Marks(m); n != 0 {
+		t.Errorf("%d marks past the repeat window, want none", n)
+	}
+}

@@ -64,7 +64,8 @@ type Replayer interface {
 // debt. It is a Replay of a settlement that never reached the store
 // (Replayer.Replay with sent false): r needs no record, and its ID, which
 // the caller generates, makes a copy of the call sent again after a lost
-// reply apply nothing (the marker a replay leaves).
+// reply apply nothing (a replay's marker, kept RepeatWindow: one is left
+// per call).
 type Charger interface {
 	// Charge applies r as a settlement of actual tokens (and r.Spent of
 	// money) of a reservation that was never taken: each bucket moves by

@@ -799,6 +799,11 @@ const (
 	replaySent
 	// settleCancel: at zero usage, through the record, and a tombstone.
 	settleCancel
+	// chargeOnce: as replayUnsent, with a marker kept for
+	// buckets.RepeatWindow only: a Charge, sent again by the store itself
+	// within its timeout, or replayed by the failover store (within the
+	// repeat window exactly once; after it, the ambiguous case).
+	chargeOnce
 )
 
 // settleOps returns the ops that settle r with actual as mode says, and
@@ -831,15 +836,18 @@ func (s *Store) settleOps(r *buckets.Reservation, actual float64, mode settleMod
 	gs := s.groups(r.Buckets, r.Slots, r.Quotas)
 	ops := make([]op, len(gs))
 	var now time.Time
-	if mode == replayUnsent || mode == replaySent {
+	if mode == replayUnsent || mode == replaySent || mode == chargeOnce {
 		now = s.now()
 	}
 	for k, g := range gs {
 		o := op{g: g, id: idPart(r.ID), record: s.recordKey(g.tag), bs: r.Buckets, ss: r.Slots, qs: r.Quotas, spans: r.Windows,
 			delta: delta, qdelta: qdelta, obs: obs, tomb: tomb || mode == settleCancel}
-		if mode == replayUnsent || mode == replaySent {
+		switch mode {
+		case replayUnsent, replaySent:
 			o.marker, o.maybe = s.prefix+"p:{"+g.tag+"}:"+o.id, mode == replaySent
 			o.markTTL = markTTL(g, r.Windows, now)
+		case chargeOnce:
+			o.marker, o.markTTL = s.prefix+"p:{"+g.tag+"}:"+o.id, float64(buckets.RepeatWindow.Milliseconds())
 		}
 		ops[k] = o
 	}
@@ -1128,7 +1136,10 @@ var _ buckets.Charger = (*Store)(nil)
 
 // Charge implements buckets.Charger: a Replay of a settlement that never
 // reached the store, a settle op per group that applies once by its
-// marker, without a record.
+// marker, without a record. The marker lives buckets.RepeatWindow, not a
+// replay's day: a rate-limit service charges every call, and copies of
+// one come within the store's own timeout (or from the failover store's
+// replay after a short outage).
 func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: charge: reservation without ID", buckets.ErrInvalidRequest)
@@ -1139,5 +1150,12 @@ func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float
 	if len(r.Quotas) > 0 && r.Windows == nil {
 		buckets.ChargeWindows(r, s.now())
 	}
-	return s.Replay(ctx, r, actual, false)
+	ops, obs, err := s.settleOps(r, actual, chargeOnce)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.detach(ctx)
+	defer cancel()
+	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	return s.settled(r, ops, obs, "charge")
 }
