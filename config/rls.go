@@ -61,7 +61,8 @@ type RLSDescriptor struct {
 	Policy string `yaml:"policy"`
 	// Rules names the buckets, quotas and concurrency limits of Policy it
 	// meets; empty means every bucket and quota of the policy (concurrency
-	// needs naming: a slot is held from a check until its charge).
+	// needs naming: the service checks a concurrency limit's slots, held by
+	// ext_proc's requests in flight, and holds none itself).
 	Rules []string `yaml:"rules"`
 	// Unlimited answers OK and counts nothing (ratelimit's unlimited).
 	Unlimited bool `yaml:"unlimited"`
