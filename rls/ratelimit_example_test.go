@@ -142,8 +142,10 @@ func TestRatelimitExampleAnswersAsRatelimit(t *testing.T) {
 
 	// quota mode (§3.5): a request over only some of its quota-mode limits
 	// is OK; over all of them, OVER_LIMIT.
-	call("rl", desc("service", "service_1")) // its 1 per minute spent
-	for i := range 2 {                       // service_2's 2 per minute: its first and second hit
+	// service_1's 1 per minute spent, then service_2's 2 per minute hit
+	// twice with service_1 over: OK both times.
+	call("rl", desc("service", "service_1"))
+	for i := range 2 {
 		if r := call("rl", desc("service", "service_1"), desc("service", "service_2")); r.GetOverallCode() != ok {
 			t.Errorf("call %d: one of two quota-mode limits over: overall %v, want OK", i+1, r.GetOverallCode())
 		}
