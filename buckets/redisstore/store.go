@@ -1051,6 +1051,12 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 			keys = append(keys, s.quotaKey(qs[j].Key, spans[j].ID))
 			args = append(args, qs[j].Tag())
 		}
+		if tp, ok := s.c.(txPipeliner); ok && !s.cluster {
+			if err := s.readPlain(ctx, tp, keys, g, bs, qs, obs, spent); err != nil {
+				return nil, nil, fmt.Errorf("redisstore: inspect: %w", err)
+			}
+			continue
+		}
 		out, err := s.run(ctx, inspectScript, keys, args)
 		if err != nil {
 			return nil, nil, fmt.Errorf("redisstore: inspect: %w", err)
@@ -1079,6 +1085,71 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 		quotas[j] = buckets.NewQuotaState(q, spans[j], spent[j], now)
 	}
 	return states, quotas, nil
+}
+
+// txPipeliner is a client that sends commands in one MULTI/EXEC:
+// *redis.Client.
+type txPipeliner interface {
+	TxPipeline() redis.Pipeliner
+}
+
+// readPlain is inspectLua without a script, for a standalone Redis: TIME
+// and one MGET of group g's keys in one MULTI/EXEC (one instant of
+// Redis's clock, or the tests' script clock; nothing written), each bucket brought up to that instant
+// here, as the script's get does, and each quota's spend read as the
+// script reads it. A read is safe to repeat, so go-redis may send it
+// again; a script costs Redis several times these two commands on a Redis
+// that sleeps between calls (docs/performance.md).
+func (s *Store) readPlain(ctx context.Context, tp txPipeliner, keys []string, g group, bs []buckets.Bucket, qs []buckets.Quota, obs []buckets.Observation, spent []float64) error {
+	p := tp.TxPipeline()
+	var clock *redis.TimeCmd
+	if s.scriptNow == nil {
+		clock = p.Time(ctx)
+	}
+	vals := p.MGet(ctx, keys...)
+	if _, err := p.Exec(ctx); err != nil {
+		return fmt.Errorf("%w: %w", buckets.ErrStore, err)
+	}
+	var now float64
+	if clock != nil {
+		now = float64(clock.Val().UnixMicro())
+	} else {
+		now = float64(s.scriptNow().UnixMicro())
+	}
+	vs := vals.Val()
+	if len(vs) != len(keys) {
+		return fmt.Errorf("%w: %d values for %d keys", buckets.ErrStore, len(vs), len(keys))
+	}
+	f := func(v string, at int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[at : at+8]))) }
+	at := 0
+	for _, i := range g.buckets {
+		b := bs[i]
+		v, _ := vs[at].(string)
+		at++
+		if v == "" {
+			obs[i] = buckets.Observation{Level: b.Limit.Capacity}
+			continue
+		}
+		if len(v) < 16 {
+			return fmt.Errorf("%w: bucket value of %d bytes", buckets.ErrStore, len(v))
+		}
+		l, t := f(v, 0), f(v, 8)
+		if now > t {
+			l = min(b.Limit.Capacity, l+b.Limit.Rate*((now-t)/1e6))
+			t = now
+		}
+		obs[i] = buckets.Observation{Level: l, Hold: time.Duration(t-now) * time.Microsecond}
+	}
+	for _, j := range g.quotas {
+		v, _ := vs[at].(string)
+		at++
+		if len(v) >= 8 && (len(v) == 8 || v[8:] == qs[j].Tag()) {
+			spent[j] = f(v, 0)
+		} else {
+			spent[j] = 0
+		}
+	}
+	return nil
 }
 
 // Pause implements buckets.Store (S18): the bucket is empty until the given
