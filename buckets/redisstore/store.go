@@ -1120,7 +1120,9 @@ func (s *Store) readPlain(ctx context.Context, tp txPipeliner, keys []string, g 
 	if len(vs) != len(keys) {
 		return fmt.Errorf("%w: %d values for %d keys", buckets.ErrStore, len(vs), len(keys))
 	}
-	f := func(v string, at int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[at : at+8]))) }
+	f := func(v string, at int) float64 {
+		return math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[at : at+8])))
+	}
 	at := 0
 	for _, i := range g.buckets {
 		b := bs[i]
