@@ -89,22 +89,23 @@ func (m *xdsServer) publish(t *testing.T, node, version string, configs ...*rlsc
 	}
 }
 
-// nack polls for a NACK and returns its message.
-func (m *xdsServer) nack(t *testing.T) string {
+// nack polls for a NACK whose message holds want.
+func (m *xdsServer) nack(t *testing.T, want string) {
 	t.Helper()
-	var msg string
 	poll(t, func() error {
 		m.mu.Lock()
 		defer m.mu.Unlock()
+		var seen []string
 		for _, r := range m.requests {
-			if r.GetErrorDetail() != nil {
-				msg = r.GetErrorDetail().GetMessage()
-				return nil
+			if msg := r.GetErrorDetail().GetMessage(); r.GetErrorDetail() != nil {
+				if strings.Contains(msg, want) {
+					return nil
+				}
+				seen = append(seen, msg)
 			}
 		}
-		return fmt.Errorf("no NACK among %d requests", len(m.requests))
+		return fmt.Errorf("no NACK saying %q among %d requests (NACKs: %q)", want, len(m.requests), seen)
 	})
-	return msg
 }
 
 // perUser is a ratelimit configuration of domain: rpu hits per minute for
@@ -175,7 +176,7 @@ func (c *rlsCaller) codes(t *testing.T, domain, user string, n int) string {
 
 // serveReloading runs serve on the file at path as runServe does, with
 // hup standing for SIGHUP.
-func serveReloading(t *testing.T, path string, hup chan os.Signal) *inProcess {
+func serveReloading(t *testing.T, path string, hup chan os.Signal) (*inProcess, *testWriter) {
 	t.Helper()
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -192,19 +193,46 @@ func serveReloading(t *testing.T, path string, hup chan os.Signal) *inProcess {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &inProcess{grpc: gl.Addr().String(), admin: "http://" + al.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	src := &reloadSource{path: path, hup: hup, stamp: stampOf(path)}
-	logger := slog.New(slog.NewJSONHandler(&testWriter{t: t}, nil))
+	logs := &testWriter{t: t}
+	logger := slog.New(slog.NewJSONHandler(logs, nil))
 	go func() { s.done <- serveWith(ctx, cfg, logger, &listeners{grpc: gl, admin: al}, src) }()
 	t.Cleanup(func() { s.stop(t) })
 	poll(t, func() error { return getOK(s.admin + "/readyz") })
-	return s
+	return s, logs
 }
 
-// testWriter logs each line through t.Log.
-type testWriter struct{ t *testing.T }
+// testWriter logs each line through t.Log and keeps it for has.
+type testWriter struct {
+	t     *testing.T
+	mu    sync.Mutex
+	lines []string
+}
 
 func (w *testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
+	w.mu.Lock()
+	w.lines = append(w.lines, string(p))
+	w.mu.Unlock()
 	return len(p), nil
+}
+
+// has polls for a line holding every one of want.
+func (w *testWriter) has(t *testing.T, want ...string) {
+	t.Helper()
+	poll(t, func() error {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+	lines:
+		for _, l := range w.lines {
+			for _, s := range want {
+				if !strings.Contains(l, s) {
+					continue lines
+				}
+			}
+			return nil
+		}
+		return fmt.Errorf("no log line holds %q", want)
+	})
 }
 
 // TestRLSScenario35XDSClients: tokengate's rate-limit service takes
@@ -226,7 +254,7 @@ func TestRLSScenario35XDSClients(t *testing.T) {
 		replace(t, filepath.Join(dir, "rl.yaml"), []byte(files))
 		replace(t, path, []byte(fmt.Sprintf("store: {type: memory}\nratelimit:\n  files: [rl.yaml]\n  xds: {address: %q, node_id: %s, node_metadata: {zone: a}, insecure: true}\n", m.addr, node)))
 		hup := make(chan os.Signal, 1)
-		s := serveReloading(t, path, hup)
+		s, _ := serveReloading(t, path, hup)
 		c := newRLSCaller(t, s.grpc)
 
 		c.limitIs(t, "files", 3)
@@ -250,13 +278,17 @@ func TestRLSScenario35XDSClients(t *testing.T) {
 		}
 
 		m.publish(t, node, "3", perUser("ai", rlsconfv3.RateLimitUnit_UNKNOWN, 50))
-		if msg := m.nack(t); !strings.Contains(msg, "invalid rate limit unit 'UNKNOWN'") {
-			t.Errorf("NACK %q: want the invalid unit named", msg)
-		}
+		m.nack(t, "invalid rate limit unit 'UNKNOWN'")
 		c.limitIs(t, "ai", 5)
 		if got := c.codes(t, "ai", "ben", 1); got != "OVER_LIMIT" {
 			t.Errorf("after the NACK, ben's next hit: %s, want OVER_LIMIT as before", got)
 		}
+		// A snapshot that loads but does not validate with the file (its
+		// domain is the files') is refused by the swap, and NACKed too.
+		m.publish(t, node, "3b", perUser("files", rlsconfv3.RateLimitUnit_MINUTE, 50))
+		m.nack(t, "the configuration was refused")
+		c.limitIs(t, "ai", 5)
+		c.limitIs(t, "files", 3)
 
 		// A reload of the file keeps the snapshot's domain beside the files'.
 		replace(t, filepath.Join(dir, "rl.yaml"), []byte(strings.Replace(files, "requests_per_unit: 3", "requests_per_unit: 4", 1)))
@@ -288,7 +320,19 @@ func TestRLSScenario35XDSClients(t *testing.T) {
 		m := startXDSServer(t, "127.0.0.1:0", creds, nil)
 		path := filepath.Join(dir, "tokengate.yaml")
 		replace(t, path, []byte(fmt.Sprintf("store: {type: memory}\nratelimit:\n  xds: {address: %q, node_id: %s, server_name: envoy-gateway, ca_file: ca.crt, cert_file: tls.crt, key_file: tls.key}\n", m.addr, node)))
-		s := serveReloading(t, path, make(chan os.Signal, 1))
+		// Without the client certificate the server refuses the handshake:
+		// the stream ends, tokengate redials, and answers without
+		// configuration.
+		noCert := filepath.Join(dir, "nocert.yaml")
+		replace(t, noCert, []byte(fmt.Sprintf("store: {type: memory}\nratelimit:\n  xds: {address: %q, node_id: %s, server_name: envoy-gateway, ca_file: ca.crt}\n", m.addr, node)))
+		s0, logs := serveReloading(t, noCert, make(chan os.Signal, 1))
+		logs.has(t, "xDS stream ended; redialling", "certificate required")
+		if _, err := newRLSCaller(t, s0.grpc).call("default/eg/http", "ann", 1); err == nil || !strings.Contains(err.Error(), "no rate limit configuration") {
+			t.Errorf("without a client certificate: %v, want ratelimit's error without configuration", err)
+		}
+		s0.stop(t)
+
+		s, _ := serveReloading(t, path, make(chan os.Signal, 1))
 		c := newRLSCaller(t, s.grpc)
 		if _, err := c.call("default/eg/http", "ann", 1); err == nil || !strings.Contains(err.Error(), "no rate limit configuration") {
 			t.Errorf("a call before the first snapshot: %v, want ratelimit's error without configuration", err)
