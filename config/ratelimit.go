@@ -150,10 +150,11 @@ func (v *validator) validateRatelimitXDS(x *RatelimitXDS) {
 	}
 }
 
-// WithRatelimitXDS returns c's file parsed again with the files of an xDS
-// snapshot imported beside ratelimit.files (replacing the previous
-// snapshot's), validated as the file is; c's listeners stay (serve's flags
-// may have replaced the file's). A snapshot whose domains clash, or whose
+// WithRatelimitXDS returns c's file (as Parse read it) parsed again with
+// the files of an xDS snapshot imported beside ratelimit.files, which are
+// read again as a reload reads them (the previous snapshot's replaced),
+// validated as the file is; c's listeners stay (serve's flags may have
+// replaced the file's). A snapshot whose domains clash, or whose
 // policies do not validate, is an error and c stays as it is.
 func (c *Config) WithRatelimitXDS(files []*rlconfig.File) (*Config, error) {
 	if c.Ratelimit == nil || c.Ratelimit.XDS == nil {
