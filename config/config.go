@@ -22,6 +22,7 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/tokengate/tokengate/pricing"
+	"github.com/tokengate/tokengate/rls/rlconfig"
 )
 
 // Config is a whole tokengate configuration file. The zero value is not
@@ -66,6 +67,12 @@ type Config struct {
 
 	// rlsTrees are RLS's domains, built once by validation.
 	rlsTrees map[string]*RLSTree
+	// source is the file as Parse read it, which WithRatelimitXDS parses
+	// again with a snapshot's files.
+	source struct {
+		file string
+		data []byte
+	}
 }
 
 // Metrics bounds the labels of the GenAI metrics (package metrics): a model
@@ -428,6 +435,12 @@ func ReadFile(path string) ([]byte, error) {
 
 // Parse decodes and validates a configuration; file names it in problems.
 func Parse(file string, data []byte) (*Config, error) {
+	return parse(file, data, nil)
+}
+
+// parse is Parse with the files of an xDS snapshot (ratelimit.xds) imported
+// beside ratelimit.files.
+func parse(file string, data []byte, xds []*rlconfig.File) (*Config, error) {
 	v := &validator{file: file, lines: map[string]int{}}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
@@ -451,12 +464,13 @@ func Parse(file string, data []byte) (*Config, error) {
 		v.decodeError(err)
 		return nil, v.sorted()
 	}
-	v.importRatelimit(&c)
+	v.importRatelimit(&c, xds)
 	c.applyDefaults()
 	v.validate(&c)
 	if len(v.problems) > 0 {
 		return nil, v.sorted()
 	}
+	c.source.file, c.source.data = file, data
 	return &c, nil
 }
 

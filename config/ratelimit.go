@@ -8,29 +8,62 @@ import (
 	"github.com/tokengate/tokengate/rls/rlconfig"
 )
 
-// Ratelimit names envoyproxy/ratelimit configuration files that tokengate
-// reads as they are, at start and on every reload: each file's domain
-// becomes a policy and an rls domain, as `tokengate import ratelimit`
-// prints them (ImportRatelimit), added to the file's own policies and rls
-// section.
+// Ratelimit names envoyproxy/ratelimit configuration that tokengate reads
+// as it is: files, at start and on every reload, and the RateLimitConfig
+// resources an xDS management server pushes (XDS). Each domain becomes a
+// policy and an rls domain, as `tokengate import ratelimit` prints them
+// (ImportRatelimit), added to the file's own policies and rls section.
 type Ratelimit struct {
 	// Files are the ratelimit files, relative to this file's directory.
 	Files []string `yaml:"files"`
 	// MergeDomains merges files of one domain into one tree, as
 	// ratelimit's MERGE_DOMAIN_CONFIG does.
 	MergeDomains bool `yaml:"merge_domains"`
+	// XDS subscribes to an xDS management server for RateLimitConfig
+	// resources, as ratelimit's GRPC_XDS_SOTW provider does.
+	XDS *RatelimitXDS `yaml:"xds"`
 }
 
-// importRatelimit reads c.Ratelimit's files and adds what they import to c:
-// their policies, and their domains to c.RLS. A policy or domain that
-// clashes with the file's own is reported by validation, as any duplicate.
-func (v *validator) importRatelimit(c *Config) {
+// RatelimitXDS is the management server that pushes ratelimit's
+// configuration (docs/envoy-ratelimit.md §3.9): Envoy Gateway's
+// (envoy-gateway:18001, mTLS, node envoy-ratelimit) or AI Gateway's
+// (:18002, plaintext, node envoy-ai-gateway-ratelimit). It is dialled
+// over TLS unless Insecure is set; its address and TLS need a restart.
+type RatelimitXDS struct {
+	// Address is the management server's host:port.
+	Address string `yaml:"address"`
+	// NodeID is the node whose snapshot the server keeps
+	// (CONFIG_GRPC_XDS_NODE_ID); empty is "default", as ratelimit's.
+	NodeID string `yaml:"node_id"`
+	// NodeMetadata is the node's metadata (CONFIG_GRPC_XDS_NODE_METADATA).
+	NodeMetadata map[string]string `yaml:"node_metadata"`
+	// ServerName is the name the server's certificate must hold; empty is
+	// Address's host.
+	ServerName string `yaml:"server_name"`
+	// CAFile verifies the server's certificate (PEM); empty uses the
+	// system's roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate of mTLS (PEM).
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// Insecure dials in plaintext, as AI Gateway's :18002 serves.
+	Insecure bool `yaml:"insecure"`
+}
+
+// importRatelimit reads c.Ratelimit's files and adds what they import to c,
+// together with the files of the xDS snapshot in force (xds; nil before
+// the first): their policies, and their domains to c.RLS. A policy or
+// domain that clashes with the file's own is reported by validation, as any
+// duplicate. It is the one place both sources become policies.
+func (v *validator) importRatelimit(c *Config, xds []*rlconfig.File) {
 	r := c.Ratelimit
 	if r == nil {
 		return
 	}
-	if len(r.Files) == 0 {
-		v.add("ratelimit.files", "names no file; list envoyproxy/ratelimit configuration files, or remove ratelimit")
+	if r.XDS != nil {
+		v.validateRatelimitXDS(r.XDS)
+	} else if len(r.Files) == 0 {
+		v.add("ratelimit.files", "names no file; list envoyproxy/ratelimit configuration files, set ratelimit.xds, or remove ratelimit")
 		return
 	}
 	dir := filepath.Dir(v.file)
@@ -55,9 +88,17 @@ func (v *validator) importRatelimit(c *Config) {
 	if len(files) != len(r.Files) {
 		return
 	}
+	files = append(files, xds...)
+	if len(files) == 0 {
+		return // ratelimit.xds before its first snapshot
+	}
 	im, err := ImportRatelimit(files, rlconfig.Options{MergeDomains: r.MergeDomains})
 	if err != nil {
-		v.add("ratelimit.files", "%s", problemsText(err))
+		field := "ratelimit.files"
+		if len(xds) > 0 {
+			field = "ratelimit.xds"
+		}
+		v.add(field, "%s", problemsText(err))
 		return
 	}
 	c.Policies = append(c.Policies, im.Policies...)
@@ -68,6 +109,63 @@ func (v *validator) importRatelimit(c *Config) {
 	if c.DefaultPolicy == "" && len(c.Policies) == len(im.Policies) {
 		c.DefaultPolicy = im.DefaultPolicy
 	}
+}
+
+// validateRatelimitXDS checks the management server's address and TLS:
+// plaintext only when asked for, a client certificate with its key, and
+// every TLS file readable.
+func (v *validator) validateRatelimitXDS(x *RatelimitXDS) {
+	const p = "ratelimit.xds"
+	if x.Address == "" {
+		v.add(join(p, "address"), "is required (the xDS management server's host:port, e.g. envoy-gateway:18001)")
+	} else if err := hostPort(x.Address); err != nil {
+		v.add(join(p, "address"), "%v", err)
+	}
+	if x.Insecure {
+		for _, f := range []struct{ key, val string }{{"server_name", x.ServerName}, {"ca_file", x.CAFile}, {"cert_file", x.CertFile}, {"key_file", x.KeyFile}} {
+			if f.val != "" {
+				v.add(join(p, "insecure"), "contradicts %s.%s: insecure dials in plaintext; remove one", p, f.key)
+				return
+			}
+		}
+		return
+	}
+	if (x.CertFile == "") != (x.KeyFile == "") {
+		v.add(p, "cert_file and key_file go together (the client certificate of mTLS and its key)")
+	}
+	dir := filepath.Dir(v.file)
+	for _, f := range []struct {
+		key string
+		val *string
+	}{{"ca_file", &x.CAFile}, {"cert_file", &x.CertFile}, {"key_file", &x.KeyFile}} {
+		if *f.val == "" {
+			continue
+		}
+		if !filepath.IsAbs(*f.val) {
+			*f.val = filepath.Join(dir, *f.val)
+		}
+		if _, err := ReadFile(*f.val); err != nil {
+			v.add(join(p, f.key), "%v", err)
+		}
+	}
+}
+
+// WithRatelimitXDS returns c's file (as Parse read it) parsed again with
+// the files of an xDS snapshot imported beside ratelimit.files, which are
+// read again as a reload reads them (the previous snapshot's replaced),
+// validated as the file is; c's listeners stay (serve's flags may have
+// replaced the file's). A snapshot whose domains clash, or whose
+// policies do not validate, is an error and c stays as it is.
+func (c *Config) WithRatelimitXDS(files []*rlconfig.File) (*Config, error) {
+	if c.Ratelimit == nil || c.Ratelimit.XDS == nil {
+		return nil, errors.New("ratelimit.xds is not set")
+	}
+	n, err := parse(c.source.file, c.source.data, files)
+	if err != nil {
+		return nil, err
+	}
+	n.Listeners = c.Listeners
+	return n, nil
 }
 
 // problemsText is an error's text, each of a joined error's on a line.

@@ -1,12 +1,15 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/tokengate/tokengate/rls/rlconfig"
 )
 
 // writeFiles writes name → content into a fresh directory and returns it.
@@ -69,5 +72,89 @@ func TestRatelimitFileProblems(t *testing.T) {
 				t.Errorf("error %v, want one naming %s", err, tt.want)
 			}
 		})
+	}
+}
+
+// ratelimit.xds is checked with the file: an address, plaintext only when
+// insecure says so, a client certificate with its key, TLS files that can
+// be read, node metadata a mapping.
+func TestRatelimitXDSProblems(t *testing.T) {
+	for name, tt := range map[string]struct {
+		xds, want string
+	}{
+		"no address":      {"{node_id: n, insecure: true}", "ratelimit.xds.address: is required"},
+		"bad address":     {"{address: envoy-gateway, insecure: true}", `ratelimit.xds.address: "envoy-gateway" is not host:port`},
+		"cert alone":      {"{address: 'envoy-gateway:18001', cert_file: tls.crt}", "ratelimit.xds: cert_file and key_file go together"},
+		"unreadable ca":   {"{address: 'envoy-gateway:18001', ca_file: nope.crt}", "ratelimit.xds.ca_file: open"},
+		"insecure and ca": {"{address: ':18002', insecure: true, ca_file: tls.crt}", "ratelimit.xds.insecure: contradicts ratelimit.xds.ca_file"},
+		"metadata list":   {"{address: ':18002', insecure: true, node_metadata: [a]}", "ratelimit.xds.node_metadata"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := writeFiles(t, map[string]string{"tokengate.yaml": "ratelimit:\n  xds: " + tt.xds + "\n", "tls.crt": "x"})
+			_, err := Load(filepath.Join(dir, "tokengate.yaml"))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v, want one saying %s", err, tt.want)
+			}
+		})
+	}
+}
+
+// With ratelimit.xds the file stands before the first snapshot with no
+// policy; WithRatelimitXDS imports a snapshot beside ratelimit.files,
+// replacing the previous one; a snapshot clashing with the files' domain
+// is refused; and a change of ratelimit.xds needs a restart.
+func TestWithRatelimitXDS(t *testing.T) {
+	dir := writeFiles(t, map[string]string{
+		"tokengate.yaml": "store: {type: memory}\nratelimit:\n  xds: {address: ':18002', node_id: envoy-ai-gateway-ratelimit, node_metadata: {zone: a}, insecure: true}\n",
+	})
+	c, err := Load(filepath.Join(dir, "tokengate.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Policies) != 0 || c.RLS != nil || c.Ratelimit.XDS.NodeMetadata["zone"] != "a" {
+		t.Fatalf("before a snapshot: policies %+v, rls %+v, xds %+v", c.Policies, c.RLS, c.Ratelimit.XDS)
+	}
+	snap := func(domain string, rpu int) []*rlconfig.File {
+		f, err := rlconfig.Parse("xds", []byte(fmt.Sprintf("domain: %s\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", domain, rpu)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []*rlconfig.File{f}
+	}
+	n, err := c.WithRatelimitXDS(snap("ai", 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.Policies) != 1 || n.Policies[0].Name != "ai" || n.DefaultPolicy != "ai" || len(n.RLS.Domains) != 1 {
+		t.Fatalf("policies %+v, default %q, rls %+v", n.Policies, n.DefaultPolicy, n.RLS)
+	}
+	n2, err := n.WithRatelimitXDS(snap("other", 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n2.Policies) != 1 || n2.Policies[0].Name != "other" {
+		t.Errorf("the next snapshot keeps the previous one's: %+v", n2.Policies)
+	}
+	if keys := c.NeedsRestart(n2); len(keys) != 0 {
+		t.Errorf("a snapshot needs a restart of %v", keys)
+	}
+
+	dir = writeFiles(t, map[string]string{
+		"tokengate.yaml": "ratelimit:\n  files: [rl.yaml]\n  xds: {address: ':18002', insecure: true}\n",
+		"rl.yaml":        ratelimitFile,
+	})
+	c, err = Load(filepath.Join(dir, "tokengate.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WithRatelimitXDS(snap("ai-gateway", 5)); err == nil || !strings.Contains(err.Error(), "ratelimit.xds") {
+		t.Errorf("a snapshot of the files' domain: %v, want a problem at ratelimit.xds", err)
+	}
+	moved, err := Parse(filepath.Join(dir, "tokengate.yaml"), []byte("ratelimit:\n  files: [rl.yaml]\n  xds: {address: ':18003', insecure: true}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys := c.NeedsRestart(moved); fmt.Sprint(keys) != "[ratelimit.xds]" {
+		t.Errorf("a new management server needs a restart of %v, want [ratelimit.xds]", keys)
 	}
 }

@@ -119,6 +119,16 @@ func (v *validator) walk(n *yaml.Node, path string, t reflect.Type) {
 			}
 			v.walk(val, p, ft)
 		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			v.addAt(n, path, "want a mapping, got %s", describe(n))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := join(path, n.Content[i].Value)
+			v.lines[p] = n.Content[i].Line
+			v.walk(n.Content[i+1], p, t.Elem())
+		}
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			v.addAt(n, path, "want a list, got %s", describe(n))
@@ -248,7 +258,7 @@ func (v *validator) validate(c *Config) {
 	if !metadataKeyRE.MatchString(c.PolicyMetadataKey) || strings.HasSuffix(c.PolicyMetadataKey, "-bin") {
 		v.add("policy_metadata_key", "%q is not a gRPC metadata key: lower-case letters, digits, '-', '_' or '.', not ending in -bin", c.PolicyMetadataKey)
 	}
-	if len(c.Policies) == 0 {
+	if len(c.Policies) == 0 && (c.Ratelimit == nil || c.Ratelimit.XDS == nil) {
 		v.add("policies", "at least one policy is required")
 	}
 	if c.ShutdownGrace < 0 {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/tokengate/tokengate/extproc"
 	"github.com/tokengate/tokengate/metrics"
 	"github.com/tokengate/tokengate/rls"
+	"github.com/tokengate/tokengate/rls/rlconfig"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -44,6 +46,12 @@ type parts struct {
 	closers  []func() error
 	// admin serves the admin listener and keeps the overrides in force.
 	admin *admin.Server
+	// configMu orders the swaps of the configuration in force: reloads of
+	// the file and xDS snapshots (ratelimit.xds).
+	configMu sync.Mutex
+	// xdsFiles are the last xDS snapshot's files, which a reload imports
+	// again; nil before the first.
+	xdsFiles []*rlconfig.File
 }
 
 // background runs the failover store's work (failover.Store.Run) until

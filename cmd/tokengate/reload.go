@@ -100,6 +100,14 @@ func (r *reloader) reload(trigger string) {
 		log.Error("configuration not reloaded: it is invalid; the configuration in force keeps serving", "err", err.Error())
 		return
 	}
+	// The last xDS snapshot's domains stay beside the file's.
+	r.parts.configMu.Lock()
+	defer r.parts.configMu.Unlock()
+	if cfg, err = r.parts.withXDS(cfg); err != nil {
+		r.parts.metrics.Reloaded(metrics.ReloadInvalid)
+		log.Error("configuration not reloaded: it is invalid with the last xDS snapshot; the configuration in force keeps serving", "err", err.Error())
+		return
+	}
 	if keys := r.parts.admin.Config().NeedsRestart(cfg); len(keys) > 0 {
 		r.parts.metrics.Reloaded(metrics.ReloadRestartRequired)
 		log.Error("configuration not reloaded: it changes keys that only a restart applies (a reload applies policies, default_policy and rls); the configuration in force keeps serving",

@@ -46,6 +46,12 @@ carry over. A file with problems, or one that changes anything else
 need a restart), is refused and logged, and the configuration in force
 keeps serving. tokengate_config_reload_total{result} counts both.
 
+With ratelimit.xds set it subscribes to that xDS management server for
+envoyproxy/ratelimit's RateLimitConfig, as ratelimit does, and swaps each
+snapshot in beside ratelimit.files (a reload keeps the last one); a
+snapshot that does not validate is NACKed and the configuration in force
+keeps serving. It redials after 1s, doubling to 60s, when the stream ends.
+
 With admin_api.token_env set, the admin listener also serves the admin API:
 /v1/limits (per-identity overrides, see tokengate limits) and /v1/usage
 (see tokengate usage), each needing that bearer token.`
@@ -138,6 +144,13 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	background.Go(func() { parts.admin.Run(bg, admin.DefaultPoll) })
 	reload := newReloader(src, parts, logger)
 	background.Go(func() { reload.run(bg) })
+	if r := cfg.Ratelimit; r != nil && r.XDS != nil {
+		creds, err := xdsCredentials(r.XDS)
+		if err != nil {
+			return err
+		}
+		background.Go(func() { runXDS(bg, r.XDS, r.MergeDomains, creds, parts, logger, waitTimer) })
+	}
 
 	if ls == nil {
 		ls = &listeners{}

@@ -65,9 +65,9 @@ func (ca *testCA) pool() *x509.CertPool {
 }
 
 // issue returns a leaf certificate and its key as PEM, and its serial number.
-// A server certificate is valid for 127.0.0.1 and "tokengate"; a client one
-// for client authentication.
-func (ca *testCA) issue(t testing.TB, name string, server bool) (certPEM, keyPEM []byte, serial int64) {
+// A server certificate is valid for 127.0.0.1 and "tokengate", or the
+// names given; a client one for client authentication.
+func (ca *testCA) issue(t testing.TB, name string, server bool, dnsNames ...string) (certPEM, keyPEM []byte, serial int64) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -86,6 +86,9 @@ func (ca *testCA) issue(t testing.TB, name string, server bool) (certPEM, keyPEM
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
 		tmpl.DNSNames = []string{"tokengate"}
+		if len(dnsNames) > 0 {
+			tmpl.DNSNames = dnsNames
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
