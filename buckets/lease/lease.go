@@ -1201,14 +1201,57 @@ func (s *Store) Close(ctx context.Context) error {
 
 var _ buckets.Charger = (*Store)(nil)
 
-// Charge implements buckets.Charger on the store underneath: a charge goes
-// to the shared buckets, past the slices this gateway leased, which it
-// meets when it next renews them. A store underneath that cannot charge
-// answers an error wrapping errors.ErrUnsupported.
+// Charge implements buckets.Charger. A debit (no refund, no quota, no
+// slot) of buckets that are all leased is taken from their leases, as a
+// reservation of that many tokens settled at once would be, with a lease
+// call only where a lease is short: no call to the shared store for the
+// rate-limit service's hits on a bucket this gateway holds a slice of.
+// Anything else — a refund, quotas, a bucket not leased, a lease that
+// cannot cover the hits (the charge must then go below zero on the shared
+// bucket) — goes to the store underneath, past the slices this gateway
+// leased, which it meets when it next renews them. A store underneath that
+// cannot charge answers an error wrapping errors.ErrUnsupported.
 func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, error) {
 	ch, ok := s.inner.(buckets.Charger)
 	if !ok {
 		return nil, fmt.Errorf("lease: charge: %T: %w", s.inner, errors.ErrUnsupported)
 	}
+	if states, ok := s.chargeLocal(ctx, r, actual); ok {
+		return states, nil
+	}
 	return ch.Charge(ctx, r, actual)
+}
+
+// chargeLocal takes a charge of actual tokens from the leases of r's
+// buckets, all or none; ok is false when it took nothing and the store
+// underneath must charge.
+func (s *Store) chargeLocal(ctx context.Context, r *buckets.Reservation, actual float64) ([]buckets.BucketState, bool) {
+	if r == nil || r.Cost != 0 || !(actual > 0) || len(r.Quotas) > 0 || len(r.Slots) > 0 || !leasable(r.Buckets) || ctx.Err() != nil {
+		return nil, false
+	}
+	mask := s.leased(r.Buckets)
+	if mask != 1<<len(r.Buckets)-1 {
+		return nil, false // a bucket is not leased
+	}
+	for _, b := range r.Buckets {
+		if !buckets.Fits(b, actual, false) {
+			return nil, false
+		}
+	}
+	parts, refused := s.take(r.Buckets, mask, spec{cost: actual})
+	if refused {
+		return nil, false // take puts back what it took
+	}
+	for _, p := range parts {
+		if !p.taken {
+			s.undo(r.Buckets, parts, actual)
+			return nil, false
+		}
+	}
+	obs := s.observations(r.Buckets, parts)
+	states := make([]buckets.BucketState, len(r.Buckets))
+	for i, b := range r.Buckets {
+		states[i] = buckets.NewState(b, obs[i])
+	}
+	return states, true
 }

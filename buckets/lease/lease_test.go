@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -396,5 +397,62 @@ func TestAutoLeaseStartsOnceTheBucketIsHot(t *testing.T) {
 	// 10,000 tokens a second, leases of 250 ms of it: 250 requests each.
 	if calls, _ := l.count(); calls == 0 || calls > 2000/100 {
 		t.Errorf("%d lease calls for 2,000 requests at 10,000 tokens a second, want a few (leases of about 250 requests)", calls)
+	}
+}
+
+// TestChargeOnALeasedBucketStaysLocal: the rate-limit service's hits on a
+// bucket this gateway leases are taken from its lease, as a reservation
+// settled at once would be: one lease call per lease, not a store call
+// per charge, and every hit reaches the shared bucket exactly once the
+// lease is returned. A charge the lease cannot cover goes to the shared
+// bucket, below zero down to the floor.
+func TestChargeOnALeasedBucketStaysLocal(t *testing.T) {
+	clock := bucketstest.NewClock()
+	g, l := newGateway(clock, lease.Options{})
+	ctx := context.Background()
+	b := leased("shared", 100_000, 1e-9, &buckets.Lease{Size: 5_000})
+	b.MaxDebt = 1_000
+	const charges, hits = 200, 10.0
+	for i := range charges {
+		st, err := g.Charge(ctx, &buckets.Reservation{ID: "c" + strconv.Itoa(i), Buckets: []buckets.Bucket{b}}, hits)
+		if err != nil {
+			t.Fatalf("charge %d: %v", i, err)
+		}
+		if len(st) != 1 || st[0].Remaining-st[0].Forgiven < 0 {
+			t.Fatalf("charge %d: %+v, want the hits covered", i, st)
+		}
+	}
+	// 2,000 hits in leases of 5,000: one lease call.
+	if calls, _ := l.count(); calls != 1 {
+		t.Errorf("%d lease calls for %d charges on a leased bucket, want 1", calls, charges)
+	}
+	if err := g.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bs, _, err := l.Memory.Inspect(ctx, []buckets.Bucket{b}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := bs[0].Remaining, 100_000-charges*hits; math.Abs(got-want) > 0.01 {
+		t.Errorf("the shared bucket holds %v after the lease came back, want %v", got, want)
+	}
+
+	// A charge larger than any lease goes to the shared bucket, into debt.
+	small := leased("small", 100, 1e-9, &buckets.Lease{Size: 50})
+	small.MaxDebt = 100
+	g3, l3 := newGateway(clock, lease.Options{})
+	st, err := g3.Charge(ctx, &buckets.Reservation{ID: "big", Buckets: []buckets.Bucket{small}}, 150)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 1 || math.Abs(st[0].Remaining-st[0].Forgiven-(-50)) > 0.01 {
+		t.Errorf("a charge of 150 on a bucket of 100: %+v, want the level 50 below zero", st)
+	}
+	bs, _, err = l3.Memory.Inspect(ctx, []buckets.Bucket{small}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(bs[0].Remaining-(-50)) > 0.01 {
+		t.Errorf("the shared bucket holds %v, want -50", bs[0].Remaining)
 	}
 }
