@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// The program's name picks the command: called ratelimit (the image's
+// /bin/ratelimit) it is `tokengate ratelimit`, whatever its directory.
+func TestCommandArgsDispatchOnProgramName(t *testing.T) {
+	for _, tt := range []struct{ argv, want []string }{
+		{[]string{"/bin/ratelimit"}, []string{"ratelimit"}},
+		{[]string{"ratelimit", "--print-config"}, []string{"ratelimit", "--print-config"}},
+		{[]string{"/usr/local/bin/tokengate", "serve"}, []string{"serve"}},
+		{[]string{"/bin/ratelimit-old", "version"}, []string{"version"}},
+		{nil, nil},
+	} {
+		if got := commandArgs(tt.argv); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("commandArgs(%q) = %q, want %q", tt.argv, got, tt.want)
+		}
+	}
+	// The real binary, under a link named ratelimit, as the image has it.
+	link := filepath.Join(t.TempDir(), "ratelimit")
+	if err := os.Symlink(tokengateBinary(t), link); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(link, "--print-config")
+	cmd.Env = []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=envoy-gateway:18001"}
+	out, err := cmd.Output()
+	if err != nil || !strings.Contains(string(out), "address: envoy-gateway:18001") {
+		t.Errorf("ratelimit --print-config: %v\n%s", err, out)
+	}
+}
+
+// TestRatelimitServesRatelimitsEnvironment runs `tokengate ratelimit` as
+// a hand-made envoyproxy/ratelimit Deployment would run /bin/ratelimit:
+// FILE mode on a runtime directory, plaintext gRPC, no Redis. /healthcheck
+// answers 200 OK, the gRPC health service answers for "ratelimit", a
+// descriptor of 1 per minute is OK then OVER_LIMIT, the admin API is off,
+// and a variable tokengate does without is a warning naming it.
+func TestRatelimitServesRatelimitsEnvironment(t *testing.T) {
+	bin := tokengateBinary(t)
+	root := t.TempDir()
+	app := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(app, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(app, "rl.yaml"), `
+domain: rl
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	p := &served{stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, "ratelimit")
+	p.cmd.Env = []string{
+		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
+		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=:19001", "LOG_LEVEL=info",
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
+	}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			if err := p.cmd.Process.Kill(); err != nil {
+				t.Errorf("kill tokengate: %v", err)
+			}
+			<-p.done
+		}
+	})
+	poll(t, func() error {
+		for _, line := range strings.Split(p.stderr.String(), "\n") {
+			var l struct{ GRPC, Admin string }
+			if strings.Contains(line, `"msg":"listening"`) {
+				if err := json.Unmarshal([]byte(line), &l); err != nil {
+					return err
+				}
+				p.grpc, p.admin = l.GRPC, "http://"+l.Admin
+				return nil
+			}
+		}
+		select {
+		case err := <-p.done:
+			t.Fatalf("tokengate ratelimit exited: %v\n%s", err, p.stderr.String())
+		default:
+		}
+		return fmt.Errorf("not listening yet:\n%s", p.stderr.String())
+	})
+	poll(t, func() error {
+		resp, err := http.Get(p.admin + "/healthcheck")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || string(body) != "OK" {
+			return fmt.Errorf("/healthcheck: %s %q", resp.Status, body)
+		}
+		return nil
+	})
+	if st, body := adminCall(t, "GET", p.admin+"/v1/limits", "", ""); st != http.StatusForbidden {
+		t.Errorf("/v1/limits without an admin token configured: %d %s, want 403", st, body)
+	}
+	if !strings.Contains(p.stderr.String(), "PROMETHEUS_ADDR is set; tokengate does not support it") {
+		t.Errorf("no warning names PROMETHEUS_ADDR:\n%s", p.stderr.String())
+	}
+
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health of \"ratelimit\": %v, %v", h, err)
+	}
+	rl := rlsv3.NewRateLimitServiceClient(conn)
+	req := &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*commonv3.RateLimitDescriptor{{
+		Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}},
+	}}}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		resp, err := rl.ShouldRateLimit(ctx, req)
+		if err != nil {
+			t.Fatalf("ShouldRateLimit %d: %v", i+1, err)
+		}
+		if resp.GetOverallCode() != want {
+			t.Errorf("ShouldRateLimit %d: %v, want %v", i+1, resp, want)
+		}
+	}
+
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-p.done; err != nil {
+		t.Errorf("tokengate ratelimit on SIGTERM: %v\n%s", err, p.stderr.String())
+	}
+}
