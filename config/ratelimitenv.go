@@ -48,7 +48,7 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"DISABLE_STATS", "metrics are always on the admin listener's /metrics"},
 	{"PROMETHEUS_ADDR", "metrics are on the admin listener's /metrics (HOST:PORT), not on a listener of their own"},
 	{"PROMETHEUS_PATH", "metrics are on the admin listener's /metrics"},
-	{"PROMETHEUS_MAPPER_YAML", "metric names are tokengate's own (tokengate_rls_*)"},
+	{"PROMETHEUS_MAPPER_YAML", "metric names are tokengate's own (tokengate_rls_*_total)"},
 	{"LOG_FORMAT", "logs are JSON lines"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "keys expire with their window"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "there is no local over-limit cache"},

@@ -160,3 +160,23 @@ descriptors:
 		t.Errorf("tokengate ratelimit on SIGTERM: %v\n%s", err, p.stderr.String())
 	}
 }
+
+// The image's /bin/ratelimit is a link to the installed binary, made in
+// the build stage (the image has no shell) and copied as a directory,
+// which keeps it a link.
+func TestDockerfileRatelimitLink(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	for _, want := range []string{
+		"RUN mkdir -p /out/bin && ln -s /usr/local/bin/tokengate /out/bin/ratelimit\n",
+		"COPY --from=build /out/bin/ /bin/\n",
+		"COPY --from=build /out/tokengate /usr/local/bin/tokengate\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("Dockerfile has no line %q", want)
+		}
+	}
+}
