@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tokengate/tokengate/internal/redistest"
 )
 
 // The program's name picks the command: called ratelimit (the image's
@@ -51,11 +53,24 @@ func TestCommandArgsDispatchOnProgramName(t *testing.T) {
 
 // TestRatelimitServesRatelimitsEnvironment runs `tokengate ratelimit` as
 // a hand-made envoyproxy/ratelimit Deployment would run /bin/ratelimit:
-// FILE mode on a runtime directory, plaintext gRPC, no Redis. /healthcheck
-// answers 200 OK, the gRPC health service answers for "ratelimit", a
-// descriptor of 1 per minute is OK then OVER_LIMIT, the admin API is off,
-// and a variable tokengate does without is a warning naming it.
+// FILE mode on a runtime directory, plaintext gRPC, without Redis and with
+// a real one. /healthcheck answers 200 OK, the gRPC health service answers
+// for "ratelimit", a descriptor of 1 per minute is OK then OVER_LIMIT, the
+// admin API is off, a variable tokengate does without is a warning naming
+// it, and SIGHUP reads the runtime directory again; with Redis stopped
+// /healthcheck is 500, and 200 once it is back.
 func TestRatelimitServesRatelimitsEnvironment(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { testRatelimitEnvironment(t, nil, "memory", nil) })
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		testRatelimitEnvironment(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + srv.Addr}, "redis", srv)
+	})
+}
+
+// testRatelimitEnvironment runs the test on a store; with srv, the Redis
+// it counts in, that Redis is stopped, /healthcheck must then answer 500,
+// and 200 again once it is back.
+func testRatelimitEnvironment(t *testing.T, env []string, store string, srv *redistest.Server) {
 	bin := tokengateBinary(t)
 	root := t.TempDir()
 	app := filepath.Join(root, "ratelimit", "config")
@@ -75,6 +90,7 @@ descriptors:
 		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=:19001", "LOG_LEVEL=info",
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
 	}
+	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -127,6 +143,9 @@ descriptors:
 	if !strings.Contains(p.stderr.String(), "PROMETHEUS_ADDR is set; tokengate does not support it") {
 		t.Errorf("no warning names PROMETHEUS_ADDR:\n%s", p.stderr.String())
 	}
+	if want := `"store":"` + store + `"`; !strings.Contains(p.stderr.String(), want) {
+		t.Errorf("the start does not log %s:\n%s", want, p.stderr.String())
+	}
 
 	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -140,19 +159,63 @@ descriptors:
 		t.Fatalf("health of \"ratelimit\": %v, %v", h, err)
 	}
 	rl := rlsv3.NewRateLimitServiceClient(conn)
-	req := &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*commonv3.RateLimitDescriptor{{
-		Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}},
-	}}}
-	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
-		resp, err := rl.ShouldRateLimit(ctx, req)
+	call := func(domain string) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}},
+		}}})
 		if err != nil {
-			t.Fatalf("ShouldRateLimit %d: %v", i+1, err)
+			t.Fatalf("ShouldRateLimit %s: %v", domain, err)
 		}
-		if resp.GetOverallCode() != want {
-			t.Errorf("ShouldRateLimit %d: %v, want %v", i+1, resp, want)
+		return resp.GetOverallCode()
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := call("rl"); got != want {
+			t.Errorf("ShouldRateLimit %d: %v, want %v", i+1, got, want)
 		}
 	}
 
+	// A file added to the runtime directory applies on SIGHUP: its domain,
+	// unknown (OK) until then, meets its limit of 1 per minute.
+	for range 2 {
+		if got := call("rl2"); got != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("the domain of a file not read yet: %v, want OK", got)
+		}
+	}
+	writeFile(t, filepath.Join(app, "rl2.yaml"), "domain: rl2\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, func() error {
+		if got := call("rl2"); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+			return fmt.Errorf("domain rl2 after SIGHUP: %v\n%s", got, lastLines(p.stderr.String(), 5))
+		}
+		return nil
+	})
+
+	healthcheck := func(want int) func() error {
+		return func() error {
+			// A call meets the store, which tells whether it answers.
+			_, callErr := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*commonv3.RateLimitDescriptor{{
+				Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.2"}},
+			}}})
+			resp, err := http.Get(p.admin + "/healthcheck")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				return fmt.Errorf("/healthcheck: %s, want %d (the call: %v)", resp.Status, want, callErr)
+			}
+			return nil
+		}
+	}
+	if srv != nil {
+		srv.Kill()
+		poll(t, healthcheck(http.StatusInternalServerError))
+		srv.Restart()
+		poll(t, healthcheck(http.StatusOK))
+	}
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
