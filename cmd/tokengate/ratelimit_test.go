@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,7 +18,9 @@ import (
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -83,45 +86,11 @@ descriptors:
   - key: remote_address
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
-	p := &served{stderr: &syncBuffer{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(bin, "ratelimit")
-	p.cmd.Env = []string{
+	p := startRatelimit(t, bin, append([]string{
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
 		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=:19001", "LOG_LEVEL=info",
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
-	}
-	p.cmd.Env = append(p.cmd.Env, env...)
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			if err := p.cmd.Process.Kill(); err != nil {
-				t.Errorf("kill tokengate: %v", err)
-			}
-			<-p.done
-		}
-	})
-	poll(t, func() error {
-		for _, line := range strings.Split(p.stderr.String(), "\n") {
-			var l struct{ GRPC, Admin string }
-			if strings.Contains(line, `"msg":"listening"`) {
-				if err := json.Unmarshal([]byte(line), &l); err != nil {
-					return err
-				}
-				p.grpc, p.admin = l.GRPC, "http://"+l.Admin
-				return nil
-			}
-		}
-		select {
-		case err := <-p.done:
-			t.Fatalf("tokengate ratelimit exited: %v\n%s", err, p.stderr.String())
-		default:
-		}
-		return fmt.Errorf("not listening yet:\n%s", p.stderr.String())
-	})
+	}, env...))
 	poll(t, func() error {
 		resp, err := http.Get(p.admin + "/healthcheck")
 		if err != nil {
@@ -241,5 +210,111 @@ func TestDockerfileRatelimitLink(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("Dockerfile has no line %q", want)
 		}
+	}
+}
+
+// startRatelimit starts `tokengate ratelimit` with env as its whole
+// environment and waits until it logs that it listens.
+func startRatelimit(t *testing.T, bin string, env []string) *served {
+	t.Helper()
+	p := &served{stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, "ratelimit")
+	p.cmd.Env = env
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			if err := p.cmd.Process.Kill(); err != nil {
+				t.Errorf("kill tokengate: %v", err)
+			}
+			<-p.done
+		}
+	})
+	poll(t, func() error {
+		for _, line := range strings.Split(p.stderr.String(), "\n") {
+			var l struct{ GRPC, Admin string }
+			if strings.Contains(line, `"msg":"listening"`) {
+				if err := json.Unmarshal([]byte(line), &l); err != nil {
+					return err
+				}
+				p.grpc, p.admin = l.GRPC, "http://"+l.Admin
+				return nil
+			}
+		}
+		select {
+		case err := <-p.done:
+			t.Fatalf("tokengate ratelimit exited: %v\n%s", err, p.stderr.String())
+		default:
+		}
+		return fmt.Errorf("not listening yet:\n%s", p.stderr.String())
+	})
+	return p
+}
+
+// TestRatelimitEnvoyGatewayEnvironment runs `tokengate ratelimit` on
+// Envoy Gateway's exact environment (§4.4), its /certs a temporary
+// directory of one CA's certificates as Envoy Gateway's certgen makes
+// them, and its management server go-control-plane's on a free port: the
+// xDS stream dials over TLS with the client certificate, the gRPC
+// listener refuses a client without a certificate (GRPC_SERVER_TLS_CA_CERT
+// is honoured), and a snapshot's limit of 2 per minute is OK OK
+// OVER_LIMIT for Envoy's certificate.
+func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
+	const node = "envoy-ratelimit"
+	certs := t.TempDir()
+	ca := newTestCA(t, "envoy-gateway")
+	gwCert, gwKey, _ := ca.issue(t, "envoy-gateway", true)
+	rlCert, rlKey, _ := ca.issue(t, "*", true) // tokengate's: its gRPC server's and its xDS client's
+	for name, data := range map[string][]byte{"ca.crt": ca.pem, "tls.crt": rlCert, "tls.key": rlKey} {
+		replace(t, filepath.Join(certs, name), data)
+	}
+	gw, err := tls.X509KeyPair(gwCert, gwKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The certificate is required; its use (server, like Envoy Gateway's
+	// one certificate for both ends) is not checked here.
+	m := startXDSServer(t, "127.0.0.1:0", credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{gw}, ClientAuth: tls.RequireAnyClientCert}), nil)
+	m.publish(t, node, "1", perUser("default/eg/http", rlsconfv3.RateLimitUnit_MINUTE, 2))
+
+	crt, key, caFile := filepath.Join(certs, "tls.crt"), filepath.Join(certs, "tls.key"), filepath.Join(certs, "ca.crt")
+	p := startRatelimit(t, tokengateBinary(t), []string{
+		"RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
+		"LOG_LEVEL=info", "USE_STATSD=false", "CONFIG_TYPE=GRPC_XDS_SOTW",
+		"CONFIG_GRPC_XDS_SERVER_URL=" + m.addr, "CONFIG_GRPC_XDS_NODE_ID=" + node,
+		"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + crt, "GRPC_SERVER_TLS_KEY=" + key, "GRPC_SERVER_TLS_CA_CERT=" + caFile,
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + crt, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + key,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + caFile, "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		// Free ports instead of 8081 and 8080, on loopback.
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
+	})
+	poll(t, func() error { return getOK(p.admin + "/healthcheck") })
+
+	dial := func(certs ...tls.Certificate) *rlsCaller {
+		conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.pool(), Certificates: certs})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t.Cleanup(cancel)
+		return &rlsCaller{rl: rlsv3.NewRateLimitServiceClient(conn), ctx: ctx}
+	}
+	if _, err := dial().call("default/eg/http", "ann", 1); err == nil {
+		t.Error("a call without a client certificate was answered")
+	}
+	c := dial(ca.clientCert(t, "envoy"))
+	c.limitIs(t, "default/eg/http", 2)
+	if got := c.codes(t, "default/eg/http", "ann", 3); got != "OK OK OVER_LIMIT" {
+		t.Errorf("three hits of 2 per minute: %s", got)
+	}
+	m.mu.Lock()
+	id := m.requests[0].GetNode().GetId()
+	m.mu.Unlock()
+	if id != node {
+		t.Errorf("node %q, want %s", id, node)
 	}
 }
