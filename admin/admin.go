@@ -190,6 +190,18 @@ func (s *Server) routes(g prometheus.Gatherer, ready func() error) http.Handler 
 		}
 		w.Write([]byte("ready\n"))
 	})
+	// envoyproxy/ratelimit's health check, which Envoy Gateway's probes
+	// ask (docs/envoy-ratelimit.md §3.7): /readyz's answer in its words,
+	// 200 "OK" or 500.
+	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, r *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		w.Write([]byte("OK"))
+	})
 	if g != nil {
 		// A registry also counts the handler's own errors.
 		reg, _ := g.(prometheus.Registerer)

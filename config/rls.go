@@ -224,7 +224,7 @@ func (v *validator) validateRLS(c *Config) {
 	if r == nil {
 		return
 	}
-	if len(r.Domains) == 0 {
+	if len(r.Domains) == 0 && (c.Ratelimit == nil || c.Ratelimit.XDS == nil) {
 		v.add("rls.domains", "at least one domain is required (leave rls out to serve no rate-limit service)")
 	}
 	c.rlsTrees = map[string]*RLSTree{}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 )
 
@@ -35,6 +36,11 @@ func init() {
 		{"serve", "[--config FILE] [--log-level LEVEL] [--grpc ADDR] [--admin ADDR]",
 			"run the ext_proc server (embedded defaults without --config)", serveHelp,
 			func(ctx context.Context, args []string, s stdio) error { return runServe(ctx, args, s.out, s.errOut) }},
+		{"ratelimit", "[--print-config]",
+			"serve as envoyproxy/ratelimit, configured by its environment variables (the image's /bin/ratelimit)", ratelimitHelp,
+			func(ctx context.Context, args []string, s stdio) error {
+				return runRatelimit(ctx, args, os.Getenv, s.out, s.errOut)
+			}},
 		{"validate", "[--strict] FILE...",
 			"check tokengate configurations and Envoy YAML", validateHelp,
 			func(ctx context.Context, args []string, s stdio) error {

@@ -2,6 +2,7 @@
 // LLM traffic by tokens.
 //
 //	tokengate serve [--config FILE]     run the ext_proc server
+//	tokengate ratelimit                 serve as envoyproxy/ratelimit, configured by its environment
 //	tokengate validate [--strict] FILE...  check tokengate configs and Envoy YAML
 //	tokengate count [flags] FILE|-      what a request body reserves
 //	tokengate demo [--serve]            a scripted tour, no Envoy, Docker or keys needed
@@ -22,6 +23,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	// The IANA time zone database, embedded (about 450 KB): quota windows
 	// name their time zone (buckets.ParseWindow), and a zone must load —
@@ -35,12 +37,26 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	err := run(ctx, commandArgs(os.Args), os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
 		report(os.Stderr, err)
 		os.Exit(exitCode(err))
 	}
+}
+
+// commandArgs is the command line run reads: the arguments after the
+// program's name, with "ratelimit" first when the program is called
+// ratelimit (the image's /bin/ratelimit, which Envoy Gateway's Deployment
+// runs as envoyproxy/ratelimit's binary).
+func commandArgs(argv []string) []string {
+	if len(argv) == 0 {
+		return nil
+	}
+	if filepath.Base(argv[0]) == "ratelimit" {
+		return append([]string{"ratelimit"}, argv[1:]...)
+	}
+	return argv[1:]
 }
 
 // report prints err for the user: configuration problems one per line as

@@ -23,6 +23,9 @@ type reloadSource struct {
 	grpc, admin string
 	stamp       fileStamp // the file as it was when serve read it
 	hup         <-chan os.Signal
+	// load, when set, reads the configuration instead of path: `tokengate
+	// ratelimit` maps its environment again (listing the files again).
+	load func() (*config.Config, error)
 }
 
 // fileStamp is what tells a changed file: its size and modification time.
@@ -86,13 +89,17 @@ func (r *reloader) run(ctx context.Context) {
 // reload reads the file again and applies it if it is valid and needs no
 // restart.
 func (r *reloader) reload(trigger string) {
-	if r.src.path == "" {
+	if r.src.path == "" && r.src.load == nil {
 		r.logger.Warn("nothing to reload: serve runs on the embedded defaults (no --config)", "trigger", trigger)
 		return
 	}
+	var cfg *config.Config
+	var err error
 	log := r.logger.With("trigger", trigger, "config", r.src.path)
-	cfg, err := config.Load(r.src.path)
-	if err == nil {
+	if r.src.load != nil {
+		log = r.logger.With("trigger", trigger, "config", config.RatelimitEnvFile)
+		cfg, err = r.src.load()
+	} else if cfg, err = config.Load(r.src.path); err == nil {
 		cfg, err = cfg.WithListeners(r.src.grpc, r.src.admin)
 	}
 	if err != nil {

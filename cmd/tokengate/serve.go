@@ -176,6 +176,8 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("envoy.service.ext_proc.v3.ExternalProcessor", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rls.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	// envoyproxy/ratelimit's own name for its health (§3.7).
+	hs.SetServingStatus(ratelimitHealthName, healthpb.HealthCheckResponse_SERVING)
 
 	as := &http.Server{Handler: parts.admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 

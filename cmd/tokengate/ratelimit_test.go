@@ -1,0 +1,320 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+// The program's name picks the command: called ratelimit (the image's
+// /bin/ratelimit) it is `tokengate ratelimit`, whatever its directory.
+func TestCommandArgsDispatchOnProgramName(t *testing.T) {
+	for _, tt := range []struct{ argv, want []string }{
+		{[]string{"/bin/ratelimit"}, []string{"ratelimit"}},
+		{[]string{"ratelimit", "--print-config"}, []string{"ratelimit", "--print-config"}},
+		{[]string{"/usr/local/bin/tokengate", "serve"}, []string{"serve"}},
+		{[]string{"/bin/ratelimit-old", "version"}, []string{"version"}},
+		{nil, nil},
+	} {
+		if got := commandArgs(tt.argv); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("commandArgs(%q) = %q, want %q", tt.argv, got, tt.want)
+		}
+	}
+	// The real binary, under a link named ratelimit, as the image has it.
+	link := filepath.Join(t.TempDir(), "ratelimit")
+	if err := os.Symlink(tokengateBinary(t), link); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(link, "--print-config")
+	cmd.Env = []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=envoy-gateway:18001"}
+	out, err := cmd.Output()
+	if err != nil || !strings.Contains(string(out), "address: envoy-gateway:18001") {
+		t.Errorf("ratelimit --print-config: %v\n%s", err, out)
+	}
+}
+
+// TestRatelimitServesRatelimitsEnvironment runs `tokengate ratelimit` as
+// a hand-made envoyproxy/ratelimit Deployment would run /bin/ratelimit:
+// FILE mode on a runtime directory, plaintext gRPC, without Redis and with
+// a real one. /healthcheck answers 200 OK, the gRPC health service answers
+// for "ratelimit", a descriptor of 1 per minute is OK then OVER_LIMIT, the
+// admin API is off, a variable tokengate does without is a warning naming
+// it, and SIGHUP reads the runtime directory again; with Redis stopped
+// /healthcheck is 500, and 200 once it is back.
+func TestRatelimitServesRatelimitsEnvironment(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { testRatelimitEnvironment(t, nil, "memory", nil) })
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		testRatelimitEnvironment(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + srv.Addr}, "redis", srv)
+	})
+}
+
+// testRatelimitEnvironment runs the test on a store; with srv, the Redis
+// it counts in, that Redis is stopped, /healthcheck must then answer 500,
+// and 200 again once it is back.
+func testRatelimitEnvironment(t *testing.T, env []string, store string, srv *redistest.Server) {
+	bin := tokengateBinary(t)
+	root := t.TempDir()
+	app := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(app, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(app, "rl.yaml"), `
+domain: rl
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	p := startRatelimit(t, bin, append([]string{
+		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
+		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=:19001", "LOG_LEVEL=info",
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
+	}, env...))
+	poll(t, func() error {
+		resp, err := http.Get(p.admin + "/healthcheck")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || string(body) != "OK" {
+			return fmt.Errorf("/healthcheck: %s %q", resp.Status, body)
+		}
+		return nil
+	})
+	if st, body := adminCall(t, "GET", p.admin+"/v1/limits", "", ""); st != http.StatusForbidden {
+		t.Errorf("/v1/limits without an admin token configured: %d %s, want 403", st, body)
+	}
+	if !strings.Contains(p.stderr.String(), "PROMETHEUS_ADDR is set; tokengate does not support it") {
+		t.Errorf("no warning names PROMETHEUS_ADDR:\n%s", p.stderr.String())
+	}
+	if want := `"store":"` + store + `"`; !strings.Contains(p.stderr.String(), want) {
+		t.Errorf("the start does not log %s:\n%s", want, p.stderr.String())
+	}
+
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health of \"ratelimit\": %v, %v", h, err)
+	}
+	rl := rlsv3.NewRateLimitServiceClient(conn)
+	call := func(domain string) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}},
+		}}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit %s: %v", domain, err)
+		}
+		return resp.GetOverallCode()
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := call("rl"); got != want {
+			t.Errorf("ShouldRateLimit %d: %v, want %v", i+1, got, want)
+		}
+	}
+
+	// A file added to the runtime directory applies on SIGHUP: its domain,
+	// unknown (OK) until then, meets its limit of 1 per minute.
+	for range 2 {
+		if got := call("rl2"); got != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("the domain of a file not read yet: %v, want OK", got)
+		}
+	}
+	writeFile(t, filepath.Join(app, "rl2.yaml"), "domain: rl2\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, func() error {
+		if got := call("rl2"); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+			return fmt.Errorf("domain rl2 after SIGHUP: %v\n%s", got, lastLines(p.stderr.String(), 5))
+		}
+		return nil
+	})
+
+	healthcheck := func(want int) func() error {
+		return func() error {
+			// A call meets the store, which tells whether it answers.
+			_, callErr := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*commonv3.RateLimitDescriptor{{
+				Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.2"}},
+			}}})
+			resp, err := http.Get(p.admin + "/healthcheck")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				return fmt.Errorf("/healthcheck: %s, want %d (the call: %v)", resp.Status, want, callErr)
+			}
+			return nil
+		}
+	}
+	if srv != nil {
+		srv.Kill()
+		poll(t, healthcheck(http.StatusInternalServerError))
+		srv.Restart()
+		poll(t, healthcheck(http.StatusOK))
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-p.done; err != nil {
+		t.Errorf("tokengate ratelimit on SIGTERM: %v\n%s", err, p.stderr.String())
+	}
+}
+
+// The image's /bin/ratelimit is a link to the installed binary, made in
+// the build stage (the image has no shell) and copied as a directory,
+// which keeps it a link.
+func TestDockerfileRatelimitLink(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	for _, want := range []string{
+		"RUN mkdir -p /out/bin && ln -s /usr/local/bin/tokengate /out/bin/ratelimit\n",
+		"COPY --from=build /out/bin/ /bin/\n",
+		"COPY --from=build /out/tokengate /usr/local/bin/tokengate\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("Dockerfile has no line %q", want)
+		}
+	}
+}
+
+// startRatelimit starts `tokengate ratelimit` with env as its whole
+// environment and waits until it logs that it listens.
+func startRatelimit(t *testing.T, bin string, env []string) *served {
+	t.Helper()
+	p := &served{stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, "ratelimit")
+	p.cmd.Env = env
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			if err := p.cmd.Process.Kill(); err != nil {
+				t.Errorf("kill tokengate: %v", err)
+			}
+			<-p.done
+		}
+	})
+	poll(t, func() error {
+		for _, line := range strings.Split(p.stderr.String(), "\n") {
+			var l struct{ GRPC, Admin string }
+			if strings.Contains(line, `"msg":"listening"`) {
+				if err := json.Unmarshal([]byte(line), &l); err != nil {
+					return err
+				}
+				p.grpc, p.admin = l.GRPC, "http://"+l.Admin
+				return nil
+			}
+		}
+		select {
+		case err := <-p.done:
+			t.Fatalf("tokengate ratelimit exited: %v\n%s", err, p.stderr.String())
+		default:
+		}
+		return fmt.Errorf("not listening yet:\n%s", p.stderr.String())
+	})
+	return p
+}
+
+// TestRatelimitEnvoyGatewayEnvironment runs `tokengate ratelimit` on
+// Envoy Gateway's exact environment (§4.4), its /certs a temporary
+// directory of one CA's certificates as Envoy Gateway's certgen makes
+// them, and its management server go-control-plane's on a free port: the
+// xDS stream dials over TLS with the client certificate, the gRPC
+// listener refuses a client without a certificate (GRPC_SERVER_TLS_CA_CERT
+// is honoured), and a snapshot's limit of 2 per minute is OK OK
+// OVER_LIMIT for Envoy's certificate.
+func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
+	const node = "envoy-ratelimit"
+	certs := t.TempDir()
+	ca := newTestCA(t, "envoy-gateway")
+	gwCert, gwKey, _ := ca.issue(t, "envoy-gateway", true)
+	rlCert, rlKey, _ := ca.issue(t, "*", true) // tokengate's: its gRPC server's and its xDS client's
+	for name, data := range map[string][]byte{"ca.crt": ca.pem, "tls.crt": rlCert, "tls.key": rlKey} {
+		replace(t, filepath.Join(certs, name), data)
+	}
+	gw, err := tls.X509KeyPair(gwCert, gwKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The certificate is required; its use (server, like Envoy Gateway's
+	// one certificate for both ends) is not checked here.
+	m := startXDSServer(t, "127.0.0.1:0", credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{gw}, ClientAuth: tls.RequireAnyClientCert}), nil)
+	m.publish(t, node, "1", perUser("default/eg/http", rlsconfv3.RateLimitUnit_MINUTE, 2))
+
+	crt, key, caFile := filepath.Join(certs, "tls.crt"), filepath.Join(certs, "tls.key"), filepath.Join(certs, "ca.crt")
+	p := startRatelimit(t, tokengateBinary(t), []string{
+		"RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
+		"LOG_LEVEL=info", "USE_STATSD=false", "CONFIG_TYPE=GRPC_XDS_SOTW",
+		"CONFIG_GRPC_XDS_SERVER_URL=" + m.addr, "CONFIG_GRPC_XDS_NODE_ID=" + node,
+		"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + crt, "GRPC_SERVER_TLS_KEY=" + key, "GRPC_SERVER_TLS_CA_CERT=" + caFile,
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + crt, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + key,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + caFile, "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		// Free ports instead of 8081 and 8080, on loopback.
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
+	})
+	poll(t, func() error { return getOK(p.admin + "/healthcheck") })
+
+	dial := func(certs ...tls.Certificate) *rlsCaller {
+		conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.pool(), Certificates: certs})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t.Cleanup(cancel)
+		return &rlsCaller{rl: rlsv3.NewRateLimitServiceClient(conn), ctx: ctx}
+	}
+	if _, err := dial().call("default/eg/http", "ann", 1); err == nil {
+		t.Error("a call without a client certificate was answered")
+	}
+	c := dial(ca.clientCert(t, "envoy"))
+	c.limitIs(t, "default/eg/http", 2)
+	if got := c.codes(t, "default/eg/http", "ann", 3); got != "OK OK OVER_LIMIT" {
+		t.Errorf("three hits of 2 per minute: %s", got)
+	}
+	m.mu.Lock()
+	id := m.requests[0].GetNode().GetId()
+	m.mu.Unlock()
+	if id != node {
+		t.Errorf("node %q, want %s", id, node)
+	}
+}

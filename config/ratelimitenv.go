@@ -1,0 +1,442 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// RatelimitEnv is the tokengate configuration equal to envoyproxy/ratelimit's
+// environment (FromRatelimitEnv): the file serve would read, and what the
+// environment asks that tokengate does not do.
+type RatelimitEnv struct {
+	// YAML is the configuration, for Parse; it names no secret (REDIS_AUTH
+	// becomes store.redis.password_env).
+	YAML []byte
+	// LogLevel is LOG_LEVEL as slog reads it: debug, info, warn or error.
+	LogLevel string
+	// Warnings name each variable set that tokengate ignores or reads
+	// differently, never its value.
+	Warnings []string
+}
+
+// RatelimitEnvFile is the file name problems of a RatelimitEnv's YAML
+// carry.
+const RatelimitEnvFile = "ratelimit environment"
+
+// ratelimitIgnored are envoyproxy/ratelimit's variables that tokengate
+// does without, each with what happens instead.
+var ratelimitIgnored = []struct{ name, why string }{
+	{"DEBUG_HOST", "there is no debug listener"},
+	{"DEBUG_PORT", "there is no debug listener"},
+	{"GRPC_MAX_CONNECTION_AGE", "connections are not aged out"},
+	{"GRPC_MAX_CONNECTION_AGE_GRACE", "connections are not aged out"},
+	{"USE_DOG_STATSD", "there is no statsd output; metrics are Prometheus on the admin listener's /metrics"},
+	{"USE_DOG_STATSD_MOGRIFIERS", "there is no statsd output"},
+	{"STATSD_HOST", "there is no statsd output"},
+	{"STATSD_PORT", "there is no statsd output"},
+	{"EXTRA_TAGS", "metrics carry no extra tags"},
+	{"STATS_FLUSH_INTERVAL", "Prometheus is scraped, nothing is flushed"},
+	{"DISABLE_STATS", "metrics are always on the admin listener's /metrics"},
+	{"PROMETHEUS_ADDR", "metrics are on the admin listener's /metrics (HOST:PORT), not on a listener of their own"},
+	{"PROMETHEUS_PATH", "metrics are on the admin listener's /metrics"},
+	{"PROMETHEUS_MAPPER_YAML", "metric names are tokengate's own (tokengate_rls_*_total)"},
+	{"LOG_FORMAT", "logs are JSON lines"},
+	{"EXPIRATION_JITTER_MAX_SECONDS", "keys expire with their window"},
+	{"LOCAL_CACHE_SIZE_IN_BYTES", "there is no local over-limit cache"},
+	{"NEAR_LIMIT_RATIO", "there are no near-limit statistics"},
+	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "hits over the limit are counted as ratelimit counts them by default"},
+	{"LIMIT_RESPONSE_HEADERS_ENABLED", "the service sets no response headers; Envoy builds X-RateLimit headers itself"},
+	{"LIMIT_LIMIT_HEADER", "the service sets no response headers"},
+	{"LIMIT_REMAINING_HEADER", "the service sets no response headers"},
+	{"LIMIT_RESET_HEADER", "the service sets no response headers"},
+	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "/healthcheck answers as /readyz: 500 while the store is unreachable (on_failure: closed), with or without a domain"},
+	{"REDIS_PIPELINE_WINDOW", "the Redis client pipelines as it does"},
+	{"REDIS_PIPELINE_LIMIT", "the Redis client pipelines as it does"},
+	{"REDIS_PERSECOND", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_SOCKET_TYPE", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_TYPE", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_URL", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_POOL_SIZE", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_AUTH", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_TLS", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_PIPELINE_WINDOW", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_PERSECOND_PIPELINE_LIMIT", "every limit is counted in REDIS_URL's Redis"},
+	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "/healthcheck follows the store's readiness"},
+	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "the xDS stream carries no extra headers"},
+	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "the xDS stream redials after 1s, doubling to 60s"},
+	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "the xDS stream redials after 1s, doubling to 60s"},
+	{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "the xDS stream redials after 1s, doubling to 60s"},
+	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "the xDS stream redials after 1s, doubling to 60s"},
+	{"XDS_CLIENT_BACKOFF_JITTER", "the xDS stream redials after 1s, doubling to 60s"},
+	{"TRACING_ENABLED", "there is no tracing"},
+	{"TRACING_SERVICE_NAME", "there is no tracing"},
+	{"TRACING_SERVICE_NAMESPACE", "there is no tracing"},
+	{"TRACING_SERVICE_INSTANCE_ID", "there is no tracing"},
+	{"TRACING_EXPORTER_PROTOCOL", "there is no tracing"},
+	{"TRACING_SAMPLING_RATE", "there is no tracing"},
+	{"OTEL_EXPORTER_OTLP_ENDPOINT", "there is no tracing"},
+	{"MEMCACHE_HOST_PORT", "the store is Redis or memory"},
+	{"MEMCACHE_SRV", "the store is Redis or memory"},
+}
+
+// FromRatelimitEnv maps envoyproxy/ratelimit's environment
+// (docs/envoy-ratelimit.md §3.7-§3.9, §4.4) onto the tokengate
+// configuration that serves the same: getenv reads a variable ("" when
+// unset). With CONFIG_TYPE=FILE it lists the *.yaml and *.yml files under
+// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY; it reads nothing
+// else. A variable that cannot be served as asked (a unix socket, an
+// unknown CONFIG_TYPE, a value that does not parse) is an error naming it;
+// one tokengate does without is a warning naming it. Neither carries a
+// value, which may be a secret.
+func FromRatelimitEnv(getenv func(string) string) (*RatelimitEnv, error) {
+	m := &envMapper{get: getenv}
+	doc := m.build()
+	if len(m.errs) > 0 {
+		return nil, errors.Join(m.errs...)
+	}
+	data, err := yaml.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
+	return &RatelimitEnv{YAML: data, LogLevel: m.level, Warnings: m.warns}, nil
+}
+
+type envMapper struct {
+	get   func(string) string
+	level string
+	warns []string
+	errs  []error
+}
+
+func (m *envMapper) warn(format string, args ...any) {
+	m.warns = append(m.warns, fmt.Sprintf(format, args...))
+}
+
+func (m *envMapper) fail(format string, args ...any) {
+	m.errs = append(m.errs, fmt.Errorf(format, args...))
+}
+
+// str is a variable's value, or def when it is unset or empty.
+func (m *envMapper) str(name, def string) string {
+	if v := strings.TrimSpace(m.get(name)); v != "" {
+		return v
+	}
+	return def
+}
+
+// bool reads a variable as ratelimit's envconfig does (strconv.ParseBool).
+func (m *envMapper) bool(name string, def bool) bool {
+	v := strings.TrimSpace(m.get(name))
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		m.fail("%s: want true or false", name)
+		return def
+	}
+	return b
+}
+
+// addr is host:port of two variables.
+func (m *envMapper) addr(hostVar, host, portVar, port string) string {
+	p := m.str(portVar, port)
+	if n, err := strconv.Atoi(p); err != nil || n < 0 || n > 65535 {
+		m.fail("%s: want a port number (0 to 65535)", portVar)
+	}
+	return net.JoinHostPort(m.str(hostVar, host), p)
+}
+
+type yamlMap = map[string]any
+
+func (m *envMapper) build() yamlMap {
+	for _, v := range ratelimitIgnored {
+		if m.get(v.name) != "" {
+			m.warn("%s is set; tokengate does not support it: %s", v.name, v.why)
+		}
+	}
+	m.logLevel()
+	if m.bool("USE_STATSD", false) {
+		m.warn("USE_STATSD is true; tokengate sends no statsd: its metrics are Prometheus on the admin listener's /metrics (HOST:PORT)")
+	}
+	m.bool("USE_PROMETHEUS", false) // metrics are always on the admin listener's /metrics
+	m.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false)
+	m.bool("RUNTIME_WATCH_ROOT", true)
+	if proto := m.str("PROTO", "tcp"); proto != "tcp" {
+		m.fail("PROTO: only tcp is supported")
+	}
+	if m.get("GRPC_UDS") != "" {
+		m.fail("GRPC_UDS: tokengate does not listen on a unix socket; unset it and use GRPC_HOST and GRPC_PORT")
+	}
+	if b := strings.ToLower(m.str("BACKEND_TYPE", "redis")); b != "redis" {
+		m.fail("BACKEND_TYPE: only redis is supported (the memory store serves when REDIS_URL is unset)")
+	}
+	doc := yamlMap{
+		"listeners": m.listeners(),
+		"store":     m.store(),
+	}
+	rl := m.ratelimit()
+	if rl != nil {
+		doc["ratelimit"] = rl
+	}
+	if m.bool("SHADOW_MODE", false) {
+		doc["rls"] = yamlMap{"shadow_mode": true}
+	}
+	return doc
+}
+
+// logLevel maps logrus's levels, which ratelimit reads, onto slog's.
+func (m *envMapper) logLevel() {
+	switch l := strings.ToLower(m.str("LOG_LEVEL", "warn")); l {
+	case "trace", "debug":
+		m.level = "debug"
+	case "info":
+		m.level = "info"
+	case "warn", "warning":
+		m.level = "warn"
+	case "error", "fatal", "panic":
+		m.level = "error"
+	default:
+		m.fail("LOG_LEVEL: want trace, debug, info, warn, error, fatal or panic")
+	}
+}
+
+func (m *envMapper) listeners() yamlMap {
+	l := yamlMap{
+		"grpc":  m.addr("GRPC_HOST", "0.0.0.0", "GRPC_PORT", "8081"),
+		"admin": m.addr("HOST", "0.0.0.0", "PORT", "8080"),
+	}
+	ca := m.str("GRPC_CLIENT_TLS_CACERT", "")
+	if eg := m.str("GRPC_SERVER_TLS_CA_CERT", ""); eg != "" {
+		if ca != "" && ca != eg {
+			m.fail("GRPC_CLIENT_TLS_CACERT and GRPC_SERVER_TLS_CA_CERT name different files; set one (both are the CA of client certificates)")
+		}
+		ca = eg
+	}
+	if m.get("GRPC_CLIENT_TLS_SAN") != "" {
+		m.fail("GRPC_CLIENT_TLS_SAN: tokengate does not match the client certificate's SAN; unset it (GRPC_CLIENT_TLS_CACERT still verifies the certificate)")
+	}
+	if m.bool("GRPC_SERVER_USE_TLS", false) {
+		t := yamlMap{
+			"cert_file": m.required("GRPC_SERVER_TLS_CERT", "GRPC_SERVER_USE_TLS"),
+			"key_file":  m.required("GRPC_SERVER_TLS_KEY", "GRPC_SERVER_USE_TLS"),
+		}
+		if ca != "" {
+			t["client_ca_file"] = ca
+		}
+		l["grpc_tls"] = t
+	} else {
+		for _, v := range []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CA_CERT"} {
+			if m.get(v) != "" {
+				m.warn("%s is set but GRPC_SERVER_USE_TLS is not true: the gRPC listener serves plaintext, as ratelimit's does", v)
+			}
+		}
+		ca = ""
+	}
+	// ratelimit serves whoever reaches it; tokengate refuses that off
+	// loopback unless told (validateExposure), so the mapping tells it,
+	// and says so.
+	if host, _, err := net.SplitHostPort(l["grpc"].(string)); err == nil && !isLoopback(host) && ca == "" {
+		l["insecure"] = true
+		m.warn("the gRPC listener %s verifies no client certificate, as ratelimit's does: whoever reaches it can spend any descriptor's limit "+
+			"(set GRPC_SERVER_USE_TLS with GRPC_CLIENT_TLS_CACERT for mTLS)", l["grpc"])
+	}
+	return l
+}
+
+// required is a variable that another one needs.
+func (m *envMapper) required(name, by string) string {
+	v := m.str(name, "")
+	if v == "" {
+		m.fail("%s: is required with %s=true", name, by)
+	}
+	return v
+}
+
+func (m *envMapper) store() yamlMap {
+	url := m.str("REDIS_URL", "")
+	if url == "" {
+		m.warn("REDIS_URL is unset: limits are counted in this process's memory, not shared between replicas and lost on restart")
+		return yamlMap{"type": "memory"}
+	}
+	switch t := strings.ToLower(m.str("REDIS_SOCKET_TYPE", "unix")); t {
+	case "tcp":
+	case "unix":
+		m.fail("REDIS_SOCKET_TYPE: is unix (ratelimit's default); tokengate reaches Redis over TCP only: set REDIS_SOCKET_TYPE=tcp and REDIS_URL=host:port")
+	default:
+		m.fail("REDIS_SOCKET_TYPE: want tcp")
+	}
+	r := yamlMap{}
+	var addrs []string
+	for _, a := range strings.Split(url, ",") {
+		a = strings.TrimSpace(a)
+		// The value is not repeated: a URL may carry a password.
+		if strings.ContainsAny(a, "@/") || hostPort(a) != nil {
+			m.fail("REDIS_URL: want host:port, or host:port,host:port,... with REDIS_TYPE=cluster (no scheme, no password: REDIS_AUTH carries it)")
+			break
+		}
+		addrs = append(addrs, a)
+	}
+	r["addrs"] = addrs
+	switch t := strings.ToLower(m.str("REDIS_TYPE", "single")); t {
+	case "single":
+		if len(addrs) > 1 {
+			m.fail("REDIS_URL: names several addresses; that is a cluster: set REDIS_TYPE=cluster")
+		}
+	case "cluster":
+		r["cluster"] = true
+	default:
+		m.fail("REDIS_TYPE: want single or cluster (sentinel is not supported)")
+	}
+	if auth := m.get("REDIS_AUTH"); auth != "" {
+		if strings.Contains(auth, ":") {
+			m.fail("REDIS_AUTH: the user:password form is not supported; set REDIS_AUTH to the password alone")
+		}
+		r["password_env"] = "REDIS_AUTH"
+	}
+	if p := m.str("REDIS_POOL_SIZE", ""); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			m.fail("REDIS_POOL_SIZE: want a number of connections")
+		}
+		r["pool_size"] = n
+	}
+	if p := m.str("CACHE_KEY_PREFIX", ""); p != "" {
+		r["key_prefix"] = p
+	}
+	tlsVars := []string{"REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"}
+	if m.bool("REDIS_TLS", false) {
+		t := yamlMap{}
+		for _, f := range []struct{ env, key string }{{"REDIS_TLS_CLIENT_CERT", "cert_file"}, {"REDIS_TLS_CLIENT_KEY", "key_file"}, {"REDIS_TLS_CACERT", "ca_file"}} {
+			if v := m.str(f.env, ""); v != "" {
+				t[f.key] = v
+			}
+		}
+		if m.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false) {
+			m.fail("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: tokengate verifies Redis's certificate and its name; unset it")
+		}
+		r["tls"] = t
+	} else {
+		for _, v := range tlsVars {
+			if m.get(v) != "" {
+				m.warn("%s is set but REDIS_TLS is not true: Redis is reached in plaintext, as ratelimit reaches it", v)
+			}
+		}
+	}
+	return yamlMap{"type": "redis", "redis": r}
+}
+
+func (m *envMapper) ratelimit() yamlMap {
+	rl := yamlMap{}
+	if m.bool("MERGE_DOMAIN_CONFIG", false) {
+		rl["merge_domains"] = true
+	}
+	switch t := m.str("CONFIG_TYPE", "FILE"); t {
+	case "FILE":
+		dir := filepath.Join(m.str("RUNTIME_ROOT", "/srv/runtime_data/current"), m.get("RUNTIME_SUBDIRECTORY"), m.str("RUNTIME_APPDIRECTORY", "config"))
+		files, err := runtimeFiles(dir, m.bool("RUNTIME_IGNOREDOTFILES", false))
+		switch {
+		case err != nil:
+			m.fail("RUNTIME_ROOT: %v", err)
+		case len(files) == 0:
+			m.fail("RUNTIME_ROOT: %s holds no .yaml or .yml file (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY); tokengate needs ratelimit's configuration, or CONFIG_TYPE=GRPC_XDS_SOTW", dir)
+		}
+		rl["files"] = files
+	case "GRPC_XDS_SOTW":
+		rl["xds"] = m.xds()
+	default:
+		m.fail("CONFIG_TYPE: want FILE or GRPC_XDS_SOTW")
+	}
+	return rl
+}
+
+func (m *envMapper) xds() yamlMap {
+	x := yamlMap{
+		"address": m.str("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"),
+		"node_id": m.str("CONFIG_GRPC_XDS_NODE_ID", "default"),
+	}
+	if hostPort(x["address"].(string)) != nil {
+		m.fail("CONFIG_GRPC_XDS_SERVER_URL: want host:port")
+	}
+	if md := m.str("CONFIG_GRPC_XDS_NODE_METADATA", ""); md != "" {
+		meta := map[string]string{}
+		for _, kv := range strings.Split(md, ",") {
+			// ratelimit splits each pair at its first '=' or ':'.
+			i := strings.IndexAny(kv, "=:")
+			if i <= 0 {
+				m.fail("CONFIG_GRPC_XDS_NODE_METADATA: want key=value,key=value")
+				break
+			}
+			meta[strings.TrimSpace(kv[:i])] = strings.TrimSpace(kv[i+1:])
+		}
+		x["node_metadata"] = meta
+	}
+	tlsVars := []struct{ env, key string }{
+		{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "ca_file"},
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "cert_file"},
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "key_file"},
+		{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "server_name"},
+	}
+	if !m.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false) {
+		x["insecure"] = true
+		for _, v := range tlsVars {
+			if m.get(v.env) != "" {
+				m.warn("%s is set but CONFIG_GRPC_XDS_SERVER_USE_TLS is not true: the xDS server is dialled in plaintext, as ratelimit dials it", v.env)
+			}
+		}
+		return x
+	}
+	for _, v := range tlsVars {
+		if s := m.str(v.env, ""); s != "" {
+			x[v.key] = s
+		}
+	}
+	return x
+}
+
+// runtimeFiles lists the *.yaml and *.yml files under dir, as ratelimit
+// loads its runtime directory: subdirectories included, symbolic links
+// (a Kubernetes ConfigMap's) followed to files, names starting with '.'
+// skipped when ignoreDot. The names are sorted.
+func runtimeFiles(dir string, ignoreDot bool) ([]string, error) {
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if path != dir && ignoreDot && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return nil
+		}
+		if ext := strings.ToLower(filepath.Ext(path)); ext != ".yaml" && ext != ".yml" {
+			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+				return nil
+			}
+		}
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return err
+		}
+		files = append(files, abs)
+		return nil
+	})
+	sort.Strings(files)
+	return files, err
+}

@@ -1,0 +1,173 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// envOf is getenv over a map.
+func envOf(env map[string]string) func(string) string {
+	return func(k string) string { return env[k] }
+}
+
+// The environments Envoy Gateway, AI Gateway and a hand-made Deployment
+// give ratelimit each map onto a configuration that validates, with the
+// listeners, TLS, store and ratelimit source they ask for.
+func TestFromRatelimitEnv(t *testing.T) {
+	certs := writeFiles(t, map[string]string{"tls.crt": "c", "tls.key": "k", "ca.crt": "a"})
+	root := t.TempDir()
+	app := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(filepath.Join(app, ".hidden"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{"a.yaml": ratelimitFile, ".hidden/b.yaml": "x: [", "notes.txt": "x"} {
+		if err := os.WriteFile(filepath.Join(app, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crt, key, ca := filepath.Join(certs, "tls.crt"), filepath.Join(certs, "tls.key"), filepath.Join(certs, "ca.crt")
+	eg := map[string]string{ // §4.4, with redis and Prometheus
+		"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true", "RUNTIME_WATCH_ROOT": "false",
+		"LOG_LEVEL": "info", "USE_STATSD": "false", "CONFIG_TYPE": "GRPC_XDS_SOTW",
+		"CONFIG_GRPC_XDS_SERVER_URL": "envoy-gateway:18001", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit",
+		"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": crt, "GRPC_SERVER_TLS_KEY": key, "GRPC_SERVER_TLS_CA_CERT": ca,
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": crt, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": key,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": ca, "FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis-system.svc.cluster.local:6379",
+		"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
+	}
+	aigw := map[string]string{ // §5.2-§5.3: plaintext gRPC and xDS
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-ai-gateway-controller:18002",
+		"CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit", "CONFIG_GRPC_XDS_NODE_METADATA": "cluster=ai,zone:a",
+		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true",
+	}
+	file := map[string]string{
+		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "cluster", "REDIS_URL": "r1:6379, r2:6379", "REDIS_AUTH": "s3cret",
+		"REDIS_TLS": "true", "REDIS_TLS_CLIENT_CERT": crt, "REDIS_TLS_CLIENT_KEY": key, "REDIS_TLS_CACERT": ca,
+		"MERGE_DOMAIN_CONFIG": "true", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "9081", "HOST": "127.0.0.1", "PORT": "9080",
+	}
+	for _, tc := range []struct {
+		name  string
+		env   map[string]string
+		level string
+		check func(t *testing.T, c *Config)
+		warn  []string // each a warning must contain
+	}{
+		{"envoy gateway", eg, "info", func(t *testing.T, c *Config) {
+			l := c.Listeners
+			if l.GRPC != "0.0.0.0:8081" || l.Admin != "0.0.0.0:8080" || l.Insecure {
+				t.Errorf("listeners %q %q insecure=%v", l.GRPC, l.Admin, l.Insecure)
+			}
+			if g := l.GRPCTLS; g == nil || g.CertFile != crt || g.KeyFile != key || g.ClientCAFile != ca {
+				t.Errorf("grpc_tls %+v", g)
+			}
+			if c.Store.Type != "redis" || len(c.Store.Redis.Addrs) != 1 || c.Store.Redis.Cluster {
+				t.Errorf("store %+v", c.Store)
+			}
+			x := c.Ratelimit.XDS
+			if x.Address != "envoy-gateway:18001" || x.NodeID != "envoy-ratelimit" || x.Insecure || x.CAFile != ca || x.CertFile != crt || x.KeyFile != key {
+				t.Errorf("xds %+v", x)
+			}
+			if c.AdminAPI.TokenEnv != "" {
+				t.Errorf("admin API on: %q", c.AdminAPI.TokenEnv)
+			}
+		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML"}},
+		{"ai gateway", aigw, "debug", func(t *testing.T, c *Config) {
+			l := c.Listeners
+			if l.GRPC != "0.0.0.0:8081" || l.GRPCTLS != nil || !l.Insecure {
+				t.Errorf("listeners %+v", l)
+			}
+			if c.Store.Type != "memory" {
+				t.Errorf("store %q", c.Store.Type)
+			}
+			x := c.Ratelimit.XDS
+			if !x.Insecure || x.NodeID != "envoy-ai-gateway-ratelimit" || x.NodeMetadata["cluster"] != "ai" || x.NodeMetadata["zone"] != "a" {
+				t.Errorf("xds %+v", x)
+			}
+			if c.RLS == nil || !c.RLS.ShadowMode {
+				t.Errorf("rls %+v", c.RLS)
+			}
+		}, []string{"REDIS_URL is unset", "verifies no client certificate"}},
+		{"file", file, "warn", func(t *testing.T, c *Config) {
+			r := c.Store.Redis
+			if !r.Cluster || len(r.Addrs) != 2 || r.Addrs[1] != "r2:6379" || r.PasswordEnv != "REDIS_AUTH" {
+				t.Errorf("redis %+v", r)
+			}
+			if r.TLS == nil || r.TLS.CAFile != ca || r.TLS.CertFile != crt {
+				t.Errorf("redis tls %+v", r.TLS)
+			}
+			want := filepath.Join(app, "a.yaml")
+			if got := c.Ratelimit.Files; len(got) != 1 || got[0] != want {
+				t.Errorf("files %q, want [%q]", got, want)
+			}
+			if !c.Ratelimit.MergeDomains || c.Listeners.Insecure || c.Listeners.GRPC != "127.0.0.1:9081" {
+				t.Errorf("ratelimit %+v listeners %+v", c.Ratelimit, c.Listeners)
+			}
+			if len(c.Policies) != 1 || c.RLS == nil || c.RLS.Domains[0].Domain != "ai-gateway" {
+				t.Errorf("policies %d rls %+v", len(c.Policies), c.RLS)
+			}
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := FromRatelimitEnv(envOf(tc.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.LogLevel != tc.level {
+				t.Errorf("log level %q, want %q", r.LogLevel, tc.level)
+			}
+			c, err := Parse(RatelimitEnvFile, r.YAML)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, r.YAML)
+			}
+			tc.check(t, c)
+			all := strings.Join(r.Warnings, "\n")
+			for _, w := range tc.warn {
+				if !strings.Contains(all, w) {
+					t.Errorf("no warning names %q in:\n%s", w, all)
+				}
+			}
+			for _, v := range tc.env {
+				if len(v) > 4 && strings.Contains(all, v) || strings.Contains(string(r.YAML), "s3cret") {
+					t.Errorf("a value (%q) is in the warnings or the configuration", v)
+				}
+			}
+		})
+	}
+}
+
+// What cannot work is refused, naming the variable and never its value.
+func TestFromRatelimitEnvRefuses(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "config"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_DELTA"}, "CONFIG_TYPE: want FILE or GRPC_XDS_SOTW"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}, "REDIS_SOCKET_TYPE: is unix"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis://u:hunter22@r:6379"}, "REDIS_URL: want host:port"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "a:1,b:2"}, "set REDIS_TYPE=cluster"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "a:1", "REDIS_AUTH": "user:hunter22"}, "REDIS_AUTH: the user:password form"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_UDS": "/tmp/rl.sock"}, "GRPC_UDS"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "yes please"}, "GRPC_SERVER_USE_TLS: want true or false"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT: is required"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{map[string]string{"RUNTIME_ROOT": root}, "holds no .yaml or .yml file"},
+		{map[string]string{"RUNTIME_ROOT": filepath.Join(root, "missing")}, "no such file"},
+	} {
+		_, err := FromRatelimitEnv(envOf(tc.env))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one containing %q", tc.env, err, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter22") {
+			t.Errorf("%v: the error shows a secret: %v", tc.env, err)
+		}
+	}
+}
