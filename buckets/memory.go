@@ -819,11 +819,22 @@ func (m *Memory) AddSpend(ctx context.Context, id string, ss []Spend) error {
 	return nil
 }
 
-var _ Charger = (*Memory)(nil)
+var (
+	_ Charger      = (*Memory)(nil)
+	_ AsyncCharger = (*Memory)(nil)
+)
+
+// ChargeAsync implements AsyncCharger. The memory store has no call to
+// save: it charges at once and calls done before it returns.
+func (m *Memory) ChargeAsync(r *Reservation, actual float64, done func([]BucketState, error)) {
+	states, err := m.Charge(context.Background(), r, actual)
+	if done != nil {
+		done(states, err)
+	}
+}
 
 // Charge implements Charger: a Replay of a settlement that never reached
-// the store, whose ID is remembered for RepeatWindow (a marker per call
-// kept as long as a replay's would hold a day of rate-limit calls).
+// the store, whose ID is remembered for RepeatWindow.
 func (m *Memory) Charge(ctx context.Context, r *Reservation, actual float64) ([]BucketState, error) {
 	if r == nil || r.ID == "" {
 		return nil, fmt.Errorf("%w: charge: reservation without ID", ErrInvalidRequest)

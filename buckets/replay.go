@@ -94,3 +94,17 @@ func ChargeWindows(r *Reservation, now time.Time) {
 		r.Windows[j] = q.Window.Span(now)
 	}
 }
+
+// AsyncCharger is implemented by chargers that can charge without the
+// caller waiting, as an AsyncSettler settles: the charge joins the store's
+// next call, or goes within its settle window. A caller with no use for
+// the states (a rate-limit call whose answer Envoy ignores) wants
+// ChargeAsync; AsyncSettler's Flush writes the charges it queued.
+type AsyncCharger interface {
+	// ChargeAsync charges r as Charge does, later: it returns at once, and
+	// done, if not nil, is called with Charge's results once the charge is
+	// written (or failed), from another goroutine, or before ChargeAsync
+	// returns (for invalid input, and in a store that has no call to
+	// save). r must not be used by the caller afterwards.
+	ChargeAsync(r *Reservation, actual float64, done func([]BucketState, error))
+}

@@ -29,6 +29,21 @@ type RLS struct {
 	// ShadowMode answers every call OK, whatever its statuses say, as
 	// ratelimit's SHADOW_MODE does (§3.5): hits are counted as usual.
 	ShadowMode bool `yaml:"shadow_mode"`
+	// DeferredCharges are the domains whose hits (a call of descriptors that
+	// all carry hits other than 0) come only from Envoy's stream-done call
+	// (apply_on_stream_done: AI Gateway's and Envoy Gateway's response
+	// cost), whose answer Envoy ignores. Such a call is answered OK at once
+	// and charged in the background, with the store's next call or within
+	// its settle window, exactly once as any charge; checks (hits 0) are
+	// answered as ever. A domain whose request-path descriptors carry hits
+	// must not be listed: their answer would always be OK.
+	DeferredCharges []string `yaml:"deferred_charges"`
+}
+
+// Deferred reports whether domain's charges are answered at once and
+// written in the background (RLS.DeferredCharges).
+func (r *RLS) Deferred(domain string) bool {
+	return r != nil && slices.Contains(r.DeferredCharges, domain)
 }
 
 // RLSDomain is the mapping of one domain (RateLimitRequest.domain).
@@ -248,6 +263,20 @@ func (v *validator) validateRLS(c *Config) {
 		t := rlconfig.NewTree[*RLSDescriptor](dom.Domain)
 		c.rlsTrees[dom.Domain] = t
 		rc.descriptors(t.Root(), dom.Descriptors, rlsPath{field: path, identities: map[string]string{}})
+	}
+	xds := c.Ratelimit != nil && c.Ratelimit.XDS != nil
+	listed := map[string]bool{}
+	for i, d := range r.DeferredCharges {
+		path := fmt.Sprintf("rls.deferred_charges[%d]", i)
+		switch {
+		case d == "":
+			v.add(path, "is empty: name a domain whose charges come only from Envoy's stream-done call")
+		case listed[d]:
+			v.add(path, "domain %q is already listed", d)
+		case c.rlsTrees[d] == nil && !xds:
+			v.add(path, "names domain %q, which no mapping or ratelimit file has", d)
+		}
+		listed[d] = true
 	}
 }
 

@@ -18,7 +18,7 @@ func newRLSMetrics() rlsMetrics {
 	return rlsMetrics{
 		descriptors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_rls_descriptors_total",
-			Help: "Descriptors the rate-limit service answered, by domain (a mapped one, or !unmapped), policy, kind (limit, deny, unlimited, no_limit, unknown_domain, replaced, unpriced, override) and code (ok, over_limit; over_limit_shadow when shadow mode answered OK).",
+			Help: "Descriptors the rate-limit service answered, by domain (a mapped one, or !unmapped), policy, kind (limit, deny, unlimited, no_limit, unknown_domain, replaced, unpriced, override) and code (ok, over_limit; over_limit_shadow when shadow mode answered OK; deferred for a charge of a domain in rls.deferred_charges, answered before it is written).",
 		}, []string{"domain", "policy", "kind", "code"}),
 		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_rls_hits_total",
@@ -26,7 +26,7 @@ func newRLSMetrics() rlsMetrics {
 		}, []string{"domain", "policy", "direction"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokengate_rls_errors_total",
-			Help: "Rate-limit calls answered with a gRPC error, by reason: invalid_request (empty domain or descriptors, a limit without unit), no_config (no rls mapping loaded), store_error, caller_gone.",
+			Help: "Rate-limit calls answered with a gRPC error, by reason: invalid_request (empty domain or descriptors, a limit without unit), no_config (no rls mapping loaded), store_error, caller_gone; deferred_store_error counts a deferred charge the store failed after its call was answered.",
 		}, []string{"reason"}),
 	}
 }

@@ -29,6 +29,23 @@ func TestChargeThroughInstrumentedStore(t *testing.T) {
 	if n := testutil.CollectAndCount(m.storeLatency); n != 1 {
 		t.Errorf("latency series = %d, want 1 (charge)", n)
 	}
+	ac, ok := s.(buckets.AsyncCharger)
+	if !ok {
+		t.Fatalf("%T does not pass ChargeAsync through", s)
+	}
+	got := make(chan []buckets.BucketState, 1)
+	ac.ChargeAsync(&buckets.Reservation{ID: "c2", Buckets: []buckets.Bucket{b}}, 1, func(st []buckets.BucketState, err error) {
+		if err != nil {
+			t.Errorf("ChargeAsync: %v", err)
+		}
+		got <- st
+	})
+	if st := <-got; len(st) != 1 || st[0].Remaining < 4.99 || st[0].Remaining > 5.01 {
+		t.Errorf("ChargeAsync = %+v; want 5 left", st)
+	}
+	if n := testutil.CollectAndCount(m.storeLatency); n != 1 {
+		t.Errorf("latency series = %d after a queued charge, want 1 (charge)", n)
+	}
 }
 
 // TestRLSCounters: descriptors by domain (an unmapped one never by its
@@ -45,7 +62,7 @@ func TestRLSCounters(t *testing.T) {
 # TYPE tokengate_rls_hits_total counter
 tokengate_rls_hits_total{direction="charge",domain="ai",policy="p"} 5
 tokengate_rls_hits_total{direction="refund",domain="ai",policy="p"} 2
-# HELP tokengate_rls_errors_total Rate-limit calls answered with a gRPC error, by reason: invalid_request (empty domain or descriptors, a limit without unit), no_config (no rls mapping loaded), store_error, caller_gone.
+# HELP tokengate_rls_errors_total Rate-limit calls answered with a gRPC error, by reason: invalid_request (empty domain or descriptors, a limit without unit), no_config (no rls mapping loaded), store_error, caller_gone; deferred_store_error counts a deferred charge the store failed after its call was answered.
 # TYPE tokengate_rls_errors_total counter
 tokengate_rls_errors_total{reason="no_config"} 1
 `

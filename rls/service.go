@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,7 +67,9 @@ type Result struct {
 	// the model entry's model has no price for), override (a descriptor's
 	// own limit).
 	Kind string
-	// Code is the status's code: ok or over_limit.
+	// Code is the status's code: ok or over_limit; deferred for a hit of
+	// a deferred domain (config.RLS.DeferredCharges), answered OK before
+	// it is written.
 	Code string
 	// Hits are the descriptor's hits; Negative for a refund.
 	Hits     uint64
@@ -94,6 +97,9 @@ const (
 	ErrorNoConfig = "no_config"
 	ErrorStore    = "store_error"
 	ErrorCaller   = "caller_gone"
+	// ErrorDeferred counts a deferred charge the store failed after the
+	// call was answered (the failover store keeps it for replay).
+	ErrorDeferred = "deferred_store_error"
 )
 
 // Mapping is what Load swaps in: a validated configuration whose rls
@@ -122,6 +128,10 @@ type Service struct {
 	cfg       Config
 	charger   buckets.Charger
 	inspector buckets.Inspector
+	// later charges a deferred domain's hits without the call waiting
+	// (nil when the store cannot); deferred counts those not yet written.
+	later     buckets.AsyncCharger
+	deferred  sync.WaitGroup
 	live      atomic.Pointer[mapping]
 	overrides atomic.Pointer[admission.Overrides]
 }
@@ -141,6 +151,7 @@ func New(c Config) (*Service, error) {
 		c.Logger = slog.Default()
 	}
 	s := &Service{cfg: c, charger: ch, inspector: in}
+	s.later, _ = c.Store.(buckets.AsyncCharger)
 	s.overrides.Store(&admission.Overrides{})
 	return s, nil
 }
@@ -264,6 +275,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if m.cfg.RLSTree(req.GetDomain()) != nil {
 		domain = req.GetDomain()
 	}
+	if s.later != nil && m.cfg.RLS.Deferred(domain) && allHits(plans) {
+		s.deferCharges(plans, replaced, domain, resp)
+		return resp, nil
+	}
 	failedLimit, failedQuota, quotaMode := 0, 0, 0
 	var retry time.Duration
 	for i := range plans {
@@ -314,6 +329,68 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, headerValue("retry-after", strconv.FormatInt(max(secs, 1), 10)))
 	}
 	return resp, nil
+}
+
+// allHits reports whether every descriptor of a call carries hits: a
+// stream-done call, never a check.
+func allHits(plans []plan) bool {
+	for i := range plans {
+		if plans[i].hits == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// deferCharges answers a deferred domain's stream-done call OK at once and
+// queues the charge of every descriptor that meets a bucket or quota
+// (config.RLS.DeferredCharges): Envoy ignores the answer, and charges that
+// nobody waits for share the store's calls. Concurrency limits are only
+// checked by a charge, so a deferred one leaves them alone.
+func (s *Service) deferCharges(plans []plan, replaced []bool, domain string, resp *rlsv3.RateLimitResponse) {
+	resp.OverallCode = okCode
+	for i := range plans {
+		p := &plans[i]
+		if replaced[i] {
+			p.kind = KindReplaced
+		}
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}
+		code := "ok"
+		if (p.kind == KindLimit || p.kind == KindOverride) && (len(p.buckets) > 0 || len(p.quotas) > 0) {
+			r, actual := p.reservation()
+			s.deferred.Add(1)
+			s.later.ChargeAsync(r, actual, func(_ []buckets.BucketState, err error) {
+				defer s.deferred.Done()
+				if err != nil {
+					s.cfg.Logger.Warn("rls: a deferred charge was not written", "domain", domain, "policy", p.policy, "hits", p.hits, "err", err)
+					if s.cfg.OnError != nil {
+						s.cfg.OnError(ErrorDeferred)
+					}
+				}
+			})
+			code = "deferred"
+		}
+		if s.cfg.OnDescriptor != nil {
+			s.cfg.OnDescriptor(Result{Domain: domain, Policy: p.policy, Kind: p.kind, Code: code, Hits: p.hits, Negative: p.negative})
+		}
+	}
+}
+
+// Drain waits until every deferred charge is written (or failed), or ctx
+// ends. Call it once the gRPC server has stopped taking calls, before the
+// store's Flush.
+func (s *Service) Drain(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		s.deferred.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rls: deferred charges still unwritten: %w", ctx.Err())
+	}
 }
 
 // fail counts and answers an error.
@@ -523,13 +600,7 @@ func (s *Service) check(ctx context.Context, p *plan) ([]verdict, error) {
 // request in flight.
 func (s *Service) charge(ctx context.Context, p *plan) ([]verdict, error) {
 	n := float64(p.hits)
-	r := &buckets.Reservation{ID: admission.NewID(), Buckets: p.buckets, Quotas: p.quotas}
-	actual := n
-	if p.negative {
-		r.Cost, r.Money, actual = n, n*p.perHit, 0
-	} else {
-		r.Spent = n * p.perHit
-	}
+	r, actual := p.reservation()
 	var vs []verdict
 	if len(p.buckets) > 0 || len(p.quotas) > 0 {
 		states, err := s.charger.Charge(ctx, r, actual)
@@ -585,6 +656,20 @@ func (s *Service) charge(ctx context.Context, p *plan) ([]verdict, error) {
 		}
 	}
 	return vs, nil
+}
+
+// reservation is the charge of p's hits, with an ID of its own: a
+// settlement of a reservation never taken, of the hits (or, for a refund,
+// of a reservation of the hits settled at 0).
+func (p *plan) reservation() (*buckets.Reservation, float64) {
+	n := float64(p.hits)
+	r := &buckets.Reservation{ID: admission.NewID(), Buckets: p.buckets, Quotas: p.quotas}
+	if p.negative {
+		r.Cost, r.Money = n, n*p.perHit
+		return r, 0
+	}
+	r.Spent = n * p.perHit
+	return r, n
 }
 
 // bucketVerdict is a bucket's verdict at level (after the call), for a

@@ -793,7 +793,38 @@ func (s *Store) ListSpend(ctx context.Context, q buckets.SpendQuery) (buckets.Sp
 	return list, err
 }
 
-var _ buckets.Charger = (*Store)(nil)
+var (
+	_ buckets.Charger      = (*Store)(nil)
+	_ buckets.AsyncCharger = (*Store)(nil)
+)
+
+// ChargeAsync implements buckets.AsyncCharger as Charge does: the charge
+// is queued by the primary when it charges asynchronously, and kept for
+// replay when that fails; during an outage, or with a primary that charges
+// only while the caller waits, it is Charge, done before ChargeAsync
+// returns.
+func (s *Store) ChargeAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
+	ac, ok := s.primary.(buckets.AsyncCharger)
+	if !ok || s.skipPrimary() || r == nil {
+		st, err := s.Charge(context.Background(), r, actual)
+		if done != nil {
+			done(st, err)
+		}
+		return
+	}
+	buckets.ChargeWindows(r, s.opts.Now())
+	kept := *r
+	ac.ChargeAsync(r, actual, func(st []buckets.BucketState, err error) {
+		if s.failed(context.Background(), err) {
+			s.keep(&kept, actual, err)
+		} else if err == nil {
+			s.succeeded()
+		}
+		if done != nil {
+			done(st, err)
+		}
+	})
+}
 
 // Charge implements buckets.Charger through the primary: a charge is a
 // write to the shared buckets, which the local fallback does not hold.

@@ -154,6 +154,7 @@ var (
 	_ buckets.Store        = (*Store)(nil)
 	_ buckets.Renewer      = (*Store)(nil)
 	_ buckets.AsyncSettler = (*Store)(nil)
+	_ buckets.AsyncCharger = (*Store)(nil)
 )
 
 const openShards = 32
@@ -1220,6 +1221,32 @@ func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float
 		return states, nil
 	}
 	return ch.Charge(ctx, r, actual)
+}
+
+// ChargeAsync implements buckets.AsyncCharger as Charge does: a charge
+// the leases cover is taken from them before ChargeAsync returns; any
+// other goes to the store underneath, queued there when it charges
+// asynchronously.
+func (s *Store) ChargeAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
+	finish := func(st []buckets.BucketState, err error) {
+		if done != nil {
+			done(st, err)
+		}
+	}
+	if states, ok := s.chargeLocal(context.Background(), r, actual); ok {
+		finish(states, nil)
+		return
+	}
+	if ac, ok := s.inner.(buckets.AsyncCharger); ok {
+		ac.ChargeAsync(r, actual, done)
+		return
+	}
+	ch, ok := s.inner.(buckets.Charger)
+	if !ok {
+		finish(nil, fmt.Errorf("lease: charge: %T: %w", s.inner, errors.ErrUnsupported))
+		return
+	}
+	finish(ch.Charge(context.Background(), r, actual))
 }
 
 // chargeLocal takes a charge of actual tokens from the leases of r's

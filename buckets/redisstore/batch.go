@@ -484,7 +484,10 @@ func ttlFrom(b buckets.Bucket, low float64) float64 {
 	return math.Min(math.Ceil((b.Limit.Capacity-low)/b.Limit.Rate*1000)+1001, 1e12)
 }
 
-var _ buckets.AsyncSettler = (*Store)(nil)
+var (
+	_ buckets.AsyncSettler = (*Store)(nil)
+	_ buckets.AsyncCharger = (*Store)(nil)
+)
 
 // SettleAsync implements buckets.AsyncSettler: the settlement is queued on
 // its lane and goes to Redis with the lane's next call, or in a call of its
@@ -497,8 +500,28 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 		finish(done, nil, fmt.Errorf("%w: settle: reservation without ID", buckets.ErrInvalidRequest))
 		return
 	}
+	s.queue(*r, actual, settleOpen, "settle", done)
+}
+
+// ChargeAsync implements buckets.AsyncCharger: the charge is queued as
+// SettleAsync queues a settlement, so that charges nobody waits for share
+// a call with each other and with the lane's next one.
+func (s *Store) ChargeAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
+	if r == nil || r.ID == "" {
+		finish(done, nil, fmt.Errorf("%w: charge: reservation without ID", buckets.ErrInvalidRequest))
+		return
+	}
 	rc := *r
-	ops, obs, err := s.settleOps(&rc, actual, settleOpen)
+	if len(rc.Quotas) > 0 && rc.Windows == nil {
+		buckets.ChargeWindows(&rc, s.now())
+	}
+	s.queue(rc, actual, chargeOnce, "charge", done)
+}
+
+// queue queues the settle ops of rc on their lanes (see later) and calls
+// done once all of them are done.
+func (s *Store) queue(rc buckets.Reservation, actual float64, mode settleMode, what string, done func([]buckets.BucketState, error)) {
+	ops, obs, err := s.settleOps(&rc, actual, mode)
 	if err != nil {
 		finish(done, nil, err)
 		return
@@ -515,7 +538,7 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 			return
 		}
 		defer s.pending(-1)
-		states, err := s.settled(&rc, ops, obs, "settle")
+		states, err := s.settled(&rc, ops, obs, what)
 		finish(done, states, err)
 	}
 	for k := range ops {

@@ -147,7 +147,8 @@ type Options struct {
 // Store is the Redis buckets.Store. It is safe for concurrent use; it holds
 // no bucket state, only the operations on their way to Redis, so any number
 // of gateways may share one Redis. Use New; the zero value is not usable.
-// Call Flush before shutting down when settling with SettleAsync.
+// Call Flush before shutting down when settling with SettleAsync or
+// charging with ChargeAsync.
 type Store struct {
 	c       Scripter
 	prefix  string
@@ -162,6 +163,7 @@ type Store struct {
 	scriptNow func() time.Time
 	spans     buckets.Spans
 	lane      lane     // standalone: the one lane (batch.go)
+	reads     readLane // standalone: the reads in one call (read.go)
 	lanes     sync.Map // cluster: hash slot → *lane
 	window    time.Duration
 	// afterFunc arms the timers of queued settlements: time.AfterFunc,
@@ -1094,31 +1096,17 @@ type txPipeliner interface {
 }
 
 // readPlain is inspectLua without a script, for a standalone Redis: TIME
-// and one MGET of group g's keys in one MULTI/EXEC (one instant of
-// Redis's clock, or the tests' script clock; nothing written), each bucket brought up to that instant
+// and one MGET of group g's keys in one MULTI/EXEC, shared with the reads
+// queued beside it (read.go; one instant of Redis's clock, or the tests'
+// script clock; nothing written), each bucket brought up to that instant
 // here, as the script's get does, and each quota's spend read as the
 // script reads it. A read is safe to repeat, so go-redis may send it
 // again; a script costs Redis several times these two commands on a Redis
 // that sleeps between calls (docs/performance.md).
 func (s *Store) readPlain(ctx context.Context, tp txPipeliner, keys []string, g group, bs []buckets.Bucket, qs []buckets.Quota, obs []buckets.Observation, spent []float64) error {
-	p := tp.TxPipeline()
-	var clock *redis.TimeCmd
-	if s.scriptNow == nil {
-		clock = p.Time(ctx)
-	}
-	vals := p.MGet(ctx, keys...)
-	if _, err := p.Exec(ctx); err != nil {
-		return fmt.Errorf("%w: %w", buckets.ErrStore, err)
-	}
-	var now float64
-	if clock != nil {
-		now = float64(clock.Val().UnixMicro())
-	} else {
-		now = float64(s.scriptNow().UnixMicro())
-	}
-	vs := vals.Val()
-	if len(vs) != len(keys) {
-		return fmt.Errorf("%w: %d values for %d keys", buckets.ErrStore, len(vs), len(keys))
+	vs, now, err := s.fetch(ctx, tp, keys)
+	if err != nil {
+		return err
 	}
 	f := func(v string, at int) float64 {
 		return math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[at : at+8])))

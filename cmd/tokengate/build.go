@@ -104,6 +104,22 @@ func (p *parts) loadPending(file string, logger *slog.Logger) error {
 	return nil
 }
 
+// flushRLS waits for the rate-limit service's deferred charges
+// (rls.deferred_charges), within what is left of ctx (the shutdown grace;
+// at least a second), and writes what the store still queues.
+func (p *parts) flushRLS(ctx context.Context) error {
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+	}
+	err := p.rls.Drain(ctx)
+	if as, ok := p.store.(buckets.AsyncSettler); ok {
+		err = errors.Join(err, as.Flush(ctx))
+	}
+	return err
+}
+
 // drain replays, within what is left of ctx (the shutdown grace; at least
 // a second), what the store missed during an outage. What it cannot
 // replay it saves to file (store.replay_file) for the next start, or,

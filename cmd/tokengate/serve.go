@@ -219,6 +219,11 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 		gs.Stop()
 		<-stopped
 	}
+	// The rate-limit calls are answered; the charges of deferred domains
+	// they queued are written next (or kept for replay).
+	if err := parts.flushRLS(sctx); err != nil {
+		logger.Warn("shutdown: rate-limit charges still queued at the deadline", "err", err)
+	}
 	stopBackground()
 	parts.drain(sctx, cfg.Store.ReplayFile, logger)
 	actx, acancel := context.WithTimeout(context.Background(), time.Second)

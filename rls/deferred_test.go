@@ -1,0 +1,124 @@
+package rls_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokengate/tokengate/admission"
+	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/redisstore"
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+// deferredYAML is the test mapping with domain d's charges deferred.
+const deferredYAML = mappingYAML + "  deferred_charges: [d]\n"
+
+// TestDeferredChargesAnsweredAtOnce: in a domain of rls.deferred_charges a
+// call whose descriptors all carry hits (Envoy's stream-done call, whose
+// answer it ignores) is answered OK at once, even past the limit, and its
+// hits are charged once in the background, down to max_debt; a check still
+// reads the bucket, and a call with a check among its descriptors is
+// answered as ever (docs/rls.md, "Charges Envoy does not wait for").
+func TestDeferredChargesAnsweredAtOnce(t *testing.T) {
+	for _, name := range []string{"memory", "redis", "cluster"} {
+		open := stores(t)[name]
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, open(t), deferredYAML)
+			got := r.call(t, hits(desc("user", "dee"), 12))
+			if got.GetOverallCode() != ok || got.Statuses[0].GetCode() != ok || got.Statuses[0].GetCurrentLimit() != nil {
+				t.Fatalf("deferred charge of 12 from 10 answered %v, want OK without a limit", got)
+			}
+			if err := r.svc.Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if l := r.level(t, "user", "dee"); !near(l, -2) {
+				t.Errorf("level %v after a deferred charge of 12 from 10, want -2", l)
+			}
+			if got := r.call(t, hits(desc("user", "dee"), 0)); got.GetOverallCode() != over {
+				t.Errorf("check after the deferred charge: %v, want OVER_LIMIT (in debt)", got)
+			}
+			got = r.call(t, hits(desc("user", "mixed"), 0), hits(desc("both", "mixed"), 11))
+			if got.GetOverallCode() != over || got.Statuses[1].GetCurrentLimit() == nil {
+				t.Errorf("a check beside a charge of 11 from 5: %v, want the charge answered, OVER_LIMIT", got)
+			}
+			if l := r.level(t, "other", "mixed"); !near(l, -5) {
+				t.Errorf("level %v of the bucket charged beside a check, want -5 (max_debt)", l)
+			}
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if len(r.seen) < 1 || r.seen[0].Code != "deferred" || r.seen[0].Hits != 12 || r.seen[0].Policy != "p" {
+				t.Errorf("first descriptor counted %+v, want code deferred, 12 hits, policy p", r.seen)
+			}
+			if len(r.errs) != 0 {
+				t.Errorf("errors counted: %v", r.errs)
+			}
+		})
+	}
+}
+
+// TestDeferredChargeWaitsForTheStore: a deferred charge is queued in the
+// store until its next call or the settle window; Drain waits for it, and
+// a Flush of the store writes it.
+func TestDeferredChargeWaitsForTheStore(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redisServer(t)})
+	t.Cleanup(func() { c.Close() })
+	st := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":", SettleWindow: time.Hour})
+	r := newRig(t, st, deferredYAML)
+	r.call(t, hits(desc("user", "wes"), 4))
+	if l := r.level(t, "user", "wes"); !near(l, 10) {
+		t.Errorf("level %v while the charge waits for a call, want 10", l)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.svc.Drain(gone); !errors.Is(err, context.Canceled) {
+		t.Errorf("Drain with the charge queued = %v, want context.Canceled", err)
+	}
+	if err := st.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.svc.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if l := r.level(t, "user", "wes"); !near(l, 6) {
+		t.Errorf("level %v after the flush, want 6", l)
+	}
+}
+
+// TestDeferredChargeAppliesOnceAfterTimeout: a queued charge whose reply is
+// lost while Redis is busy is sent again, and both copies run: the hits
+// count once, in the bucket and the quota.
+func TestDeferredChargeAppliesOnceAfterTimeout(t *testing.T) {
+	const timeout, pause = 250 * time.Millisecond, 400 * time.Millisecond
+	addr := redisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: timeout, WriteTimeout: timeout})
+	t.Cleanup(func() { c.Close() })
+	st := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
+	r := newRig(t, st, deferredYAML)
+	r.call(t, hits(desc("user", "warm"), 0))
+	redistest.Sleep(t, addr, pause)
+	if got := r.call(t, hits(desc("user", "lee"), 3), hits(desc("quser", "lee"), 30)); got.GetOverallCode() != ok {
+		t.Fatalf("deferred charge during a %v stall: %v", pause, got)
+	}
+	if err := r.svc.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if l := r.level(t, "user", "lee"); !near(l, 7) {
+		t.Errorf("level %v after 3 hits sent twice, want 7: the charge applied once", l)
+	}
+	_, qs, err := st.Inspect(context.Background(), nil, []buckets.Quota{r.quota(t, "daily", "lee")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(qs[0].Spent, 30) {
+		t.Errorf("quota spent %v after 30 hits sent twice, want 30", qs[0].Spent)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.errs) != 0 {
+		t.Errorf("errors counted: %v", r.errs)
+	}
+}
