@@ -101,6 +101,66 @@ func TestServeAnswersRateLimitCalls(t *testing.T) {
 	p.stop(t)
 }
 
+// TestServeDefersStreamDoneCharges: with the example's domain in
+// rls.deferred_charges, the binary answers a call of hits (Envoy's
+// stream-done call) OK at once, past the limit, and charges it in the
+// background: a check then finds the bucket in debt, and the call is
+// counted as deferred (docs/rls.md, "Charges Envoy does not wait for").
+func TestServeDefersStreamDoneCharges(t *testing.T) {
+	bin := tokengateBinary(t)
+	data, err := os.ReadFile(filepath.Join(repoRoot, "examples/rls/tokengate.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "tokengate.yaml")
+	if err := os.WriteFile(file, append(data, "  deferred_charges: [ai-gateway]\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startServe(t, bin, nil, "--config", file)
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rl := rlsv3.NewRateLimitServiceClient(conn)
+	call := func(hits uint64) *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "ai-gateway", Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries:    []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: "dana"}},
+			HitsAddend: wrapperspb.UInt64(hits),
+		}}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		return resp
+	}
+	if got := call(30000); got.GetOverallCode() != rlsv3.RateLimitResponse_OK || got.GetStatuses()[0].GetCurrentLimit() != nil {
+		t.Errorf("a stream-done charge of 30,000 from a bucket of 20,000: %v, want OK at once, without a limit", got)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for call(0).GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		if time.Now().After(deadline) {
+			t.Fatalf("the deferred charge did not reach the bucket within 20s:\n%s", p.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the charge, with the deadline above
+	}
+	m, err := getBody(p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`tokengate_rls_descriptors_total{code="deferred",domain="ai-gateway",kind="limit",policy="ai-gateway"} 1`,
+		`tokengate_rls_hits_total{direction="charge",domain="ai-gateway",policy="ai-gateway"} 30000`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "tokengate_rls_"))
+		}
+	}
+	p.stop(t)
+}
+
 // TestServeReadsRatelimitFiles: the binary reads envoyproxy/ratelimit's
 // own file through ratelimit.files and answers as ratelimit would: 2 per
 // minute per user, the third hit over the limit.
