@@ -29,8 +29,9 @@ func TestDeferredChargesAnsweredAtOnce(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := newRig(t, open(t), deferredYAML)
 			got := r.call(t, hits(desc("user", "dee"), 12))
-			if got.GetOverallCode() != ok || got.Statuses[0].GetCode() != ok || got.Statuses[0].GetCurrentLimit() != nil {
-				t.Fatalf("deferred charge of 12 from 10 answered %v, want OK without a limit", got)
+			if got.GetOverallCode() != ok || got.Statuses[0].GetCode() != ok || got.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 10 ||
+				got.Statuses[0].GetLimitRemaining() != 0 || got.Statuses[0].GetDurationUntilReset() != nil {
+				t.Fatalf("deferred charge of 12 from 10 answered %v, want OK naming the limit of 10, without remaining or reset", got)
 			}
 			if err := r.svc.Drain(context.Background()); err != nil {
 				t.Fatal(err)

@@ -342,8 +342,8 @@ func allHits(plans []plan) bool {
 	return true
 }
 
-// deferCharges answers a deferred domain's stream-done call OK at once and
-// queues the charge of every descriptor that meets a bucket or quota
+// deferCharges answers a deferred domain's stream-done call OK at once,
+// each status naming the limit its descriptor met, and queues the charge of every descriptor that meets a bucket or quota
 // (config.RLS.DeferredCharges): Envoy ignores the answer, and charges that
 // nobody waits for share the store's calls. Concurrency limits are only
 // checked by a charge, so a deferred one leaves them alone.
@@ -354,9 +354,11 @@ func (s *Service) deferCharges(plans []plan, replaced []bool, domain string, res
 		if replaced[i] {
 			p.kind = KindReplaced
 		}
-		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}
+		resp.Statuses[i] = st
 		code := "ok"
 		if (p.kind == KindLimit || p.kind == KindOverride) && (len(p.buckets) > 0 || len(p.quotas) > 0) {
+			st.CurrentLimit = p.limitMet()
 			r, actual := p.reservation()
 			s.deferred.Add(1)
 			s.later.ChargeAsync(r, actual, func(_ []buckets.BucketState, err error) {
@@ -374,6 +376,21 @@ func (s *Service) deferCharges(plans []plan, replaced []bool, domain string, res
 			s.cfg.OnDescriptor(Result{Domain: domain, Policy: p.policy, Kind: p.kind, Code: code, Hits: p.hits, Negative: p.negative})
 		}
 	}
+}
+
+// limitMet is the limit of p's first bucket, or else of its first quota:
+// which limit a descriptor met, for an answer given before the store was
+// asked (remaining and reset are not known then).
+func (p *plan) limitMet() *rlsv3.RateLimitResponse_RateLimit {
+	if len(p.buckets) > 0 {
+		return bucketLimit(p.buckets[0].Limit, p.name)
+	}
+	q := p.quotas[0]
+	limit := q.Limit
+	if q.Unit == buckets.Money {
+		limit /= p.perHit
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: clampUint32(limit), Unit: windowUnit(q.Window), Name: p.name}
 }
 
 // Drain waits until every deferred charge is written (or failed), or ctx

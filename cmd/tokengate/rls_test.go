@@ -136,8 +136,8 @@ func TestServeDefersStreamDoneCharges(t *testing.T) {
 		}
 		return resp
 	}
-	if got := call(30000); got.GetOverallCode() != rlsv3.RateLimitResponse_OK || got.GetStatuses()[0].GetCurrentLimit() != nil {
-		t.Errorf("a stream-done charge of 30,000 from a bucket of 20,000: %v, want OK at once, without a limit", got)
+	if got := call(30000); got.GetOverallCode() != rlsv3.RateLimitResponse_OK || got.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 60000 {
+		t.Errorf("a stream-done charge of 30,000 from a bucket of 20,000: %v, want OK at once, naming the limit", got)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for call(0).GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
