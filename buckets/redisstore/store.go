@@ -849,7 +849,10 @@ func (s *Store) settleOps(r *buckets.Reservation, actual float64, mode settleMod
 			o.marker, o.maybe = s.prefix+"p:{"+g.tag+"}:"+o.id, mode == replaySent
 			o.markTTL = markTTL(g, r.Windows, now)
 		case chargeOnce:
+			// A charge's ID was never reserved: there is no record to
+			// look for, and the marker alone makes it apply once.
 			o.marker, o.markTTL = s.prefix+"p:{"+g.tag+"}:"+o.id, float64(buckets.RepeatWindow.Milliseconds())
+			o.record, o.tomb = "", false
 		}
 		ops[k] = o
 	}
