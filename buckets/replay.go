@@ -2,6 +2,7 @@ package buckets
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -107,4 +108,23 @@ type AsyncCharger interface {
 	// returns (for invalid input, and in a store that has no call to
 	// save). r must not be used by the caller afterwards.
 	ChargeAsync(r *Reservation, actual float64, done func([]BucketState, error))
+}
+
+// ChargeLater charges r through store: queued when store is an
+// AsyncCharger, else with Charge before ChargeLater returns; a store that
+// is neither answers done an error wrapping errors.ErrUnsupported. done
+// may be nil.
+func ChargeLater(store any, r *Reservation, actual float64, done func([]BucketState, error)) {
+	if ac, ok := store.(AsyncCharger); ok {
+		ac.ChargeAsync(r, actual, done)
+		return
+	}
+	var st []BucketState
+	err := fmt.Errorf("charge: %T: %w", store, errors.ErrUnsupported)
+	if ch, ok := store.(Charger); ok {
+		st, err = ch.Charge(context.Background(), r, actual)
+	}
+	if done != nil {
+		done(st, err)
+	}
 }

@@ -563,20 +563,10 @@ var _ buckets.AsyncCharger = (*Store)(nil)
 // wrapped store cannot queue; the latency observed runs until done.
 func (s *Store) ChargeAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
 	start := time.Now()
-	finish := func(st []buckets.BucketState, err error) {
+	buckets.ChargeLater(s.Store, r, actual, func(st []buckets.BucketState, err error) {
 		s.observe("charge", start, err)
 		if done != nil {
 			done(st, err)
 		}
-	}
-	if ac, ok := s.Store.(buckets.AsyncCharger); ok {
-		ac.ChargeAsync(r, actual, finish)
-		return
-	}
-	ch, ok := s.Store.(buckets.Charger)
-	if !ok {
-		finish(nil, fmt.Errorf("metrics: charge: %T: %w", s.Store, errors.ErrUnsupported))
-		return
-	}
-	finish(ch.Charge(context.Background(), r, actual))
+	})
 }

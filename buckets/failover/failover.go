@@ -646,15 +646,22 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 		return nil, fmt.Errorf("failover: settle: kept for replay: %w", buckets.ErrStore)
 	}
 	st, err := s.primary.Settle(ctx, r, actual)
-	if s.failed(context.WithoutCancel(ctx), err) {
-		s.keep(r, actual, err)
-	} else if err == nil {
-		s.succeeded()
-	}
+	s.settledOn(context.WithoutCancel(ctx), r, actual, err)
 	return st, err
 }
 
 var _ buckets.AsyncSettler = (*Store)(nil)
+
+// settledOn follows a settlement or charge of r that the primary answered
+// with err: kept for replay when the primary failed, counted as the
+// primary answering when it did.
+func (s *Store) settledOn(ctx context.Context, r *buckets.Reservation, actual float64, err error) {
+	if s.failed(ctx, err) {
+		s.keep(r, actual, err)
+	} else if err == nil {
+		s.succeeded()
+	}
+}
 
 // SettleAsync implements buckets.AsyncSettler as Settle does: reservations
 // taken locally settle locally, at once; the others go to the primary,
@@ -677,11 +684,7 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 	}
 	kept := *r
 	as.SettleAsync(r, actual, func(st []buckets.BucketState, err error) {
-		if s.failed(context.Background(), err) {
-			s.keep(&kept, actual, err)
-		} else if err == nil {
-			s.succeeded()
-		}
+		s.settledOn(context.Background(), &kept, actual, err)
 		if done != nil {
 			done(st, err)
 		}
@@ -815,11 +818,7 @@ func (s *Store) ChargeAsync(r *buckets.Reservation, actual float64, done func([]
 	buckets.ChargeWindows(r, s.opts.Now())
 	kept := *r
 	ac.ChargeAsync(r, actual, func(st []buckets.BucketState, err error) {
-		if s.failed(context.Background(), err) {
-			s.keep(&kept, actual, err)
-		} else if err == nil {
-			s.succeeded()
-		}
+		s.settledOn(context.Background(), &kept, actual, err)
 		if done != nil {
 			done(st, err)
 		}
@@ -849,10 +848,6 @@ func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float
 		return nil, fmt.Errorf("failover: charge: kept for replay: %w", buckets.ErrStore)
 	}
 	st, err := ch.Charge(ctx, r, actual)
-	if s.failed(context.WithoutCancel(ctx), err) {
-		s.keep(r, actual, err)
-	} else if err == nil {
-		s.succeeded()
-	}
+	s.settledOn(context.WithoutCancel(ctx), r, actual, err)
 	return st, err
 }

@@ -1228,25 +1228,13 @@ func (s *Store) Charge(ctx context.Context, r *buckets.Reservation, actual float
 // other goes to the store underneath, queued there when it charges
 // asynchronously.
 func (s *Store) ChargeAsync(r *buckets.Reservation, actual float64, done func([]buckets.BucketState, error)) {
-	finish := func(st []buckets.BucketState, err error) {
-		if done != nil {
-			done(st, err)
-		}
-	}
 	if states, ok := s.chargeLocal(context.Background(), r, actual); ok {
-		finish(states, nil)
+		if done != nil {
+			done(states, nil)
+		}
 		return
 	}
-	if ac, ok := s.inner.(buckets.AsyncCharger); ok {
-		ac.ChargeAsync(r, actual, done)
-		return
-	}
-	ch, ok := s.inner.(buckets.Charger)
-	if !ok {
-		finish(nil, fmt.Errorf("lease: charge: %T: %w", s.inner, errors.ErrUnsupported))
-		return
-	}
-	finish(ch.Charge(context.Background(), r, actual))
+	buckets.ChargeLater(s.inner, r, actual, done)
 }
 
 // chargeLocal takes a charge of actual tokens from the leases of r's
