@@ -9,9 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tokengate/tokengate/admission"
-	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/buckets/redisstore"
-	"github.com/tokengate/tokengate/internal/redistest"
 )
 
 // deferredYAML is the test mapping with domain d's charges deferred.
@@ -86,40 +84,5 @@ func TestDeferredChargeWaitsForTheStore(t *testing.T) {
 	}
 	if l := r.level(t, "user", "wes"); !near(l, 6) {
 		t.Errorf("level %v after the flush, want 6", l)
-	}
-}
-
-// TestDeferredChargeAppliesOnceAfterTimeout: a queued charge whose reply is
-// lost while Redis is busy is sent again, and both copies run: the hits
-// count once, in the bucket and the quota.
-func TestDeferredChargeAppliesOnceAfterTimeout(t *testing.T) {
-	const timeout, pause = 250 * time.Millisecond, 400 * time.Millisecond
-	addr := redisServer(t)
-	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: timeout, WriteTimeout: timeout})
-	t.Cleanup(func() { c.Close() })
-	st := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
-	r := newRig(t, st, deferredYAML)
-	r.call(t, hits(desc("user", "warm"), 0))
-	redistest.Sleep(t, addr, pause)
-	if got := r.call(t, hits(desc("user", "lee"), 3), hits(desc("quser", "lee"), 30)); got.GetOverallCode() != ok {
-		t.Fatalf("deferred charge during a %v stall: %v", pause, got)
-	}
-	if err := r.svc.Drain(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if l := r.level(t, "user", "lee"); !near(l, 7) {
-		t.Errorf("level %v after 3 hits sent twice, want 7: the charge applied once", l)
-	}
-	_, qs, err := st.Inspect(context.Background(), nil, []buckets.Quota{r.quota(t, "daily", "lee")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !near(qs[0].Spent, 30) {
-		t.Errorf("quota spent %v after 30 hits sent twice, want 30", qs[0].Spent)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.errs) != 0 {
-		t.Errorf("errors counted: %v", r.errs)
 	}
 }

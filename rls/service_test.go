@@ -497,30 +497,44 @@ func TestExactUnderConcurrentHits(t *testing.T) {
 
 // TestChargeAppliesOnceAfterTimeout: Redis busy for longer than the
 // client's read timeout loses the reply of a charge that Redis still runs;
-// go-redis sends it again, and both copies run: the hits count once.
+// the store sends it again, and both copies run: the hits count once —
+// also for a deferred charge, queued and sent after its call was answered
+// (rls.deferred_charges).
 func TestChargeAppliesOnceAfterTimeout(t *testing.T) {
 	const timeout, pause = 250 * time.Millisecond, 400 * time.Millisecond
-	addr := redisServer(t)
-	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: timeout, WriteTimeout: timeout})
-	t.Cleanup(func() { c.Close() })
-	st := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
-	r := newRig(t, st, mappingYAML)
-	// Warm up: the scripts loaded, the connection open.
-	r.call(t, hits(desc("user", "warm"), 0))
-	redistest.Sleep(t, addr, pause)
-	got := r.call(t, hits(desc("user", "lee"), 3), hits(desc("quser", "lee"), 30))
-	if got.GetOverallCode() != ok {
-		t.Fatalf("charge during a %v stall: %v", pause, got)
-	}
-	if l := r.level(t, "user", "lee"); !near(l, 7) {
-		t.Errorf("level %v after 3 hits sent twice, want 7: the charge applied once", l)
-	}
-	_, qs, err := st.Inspect(context.Background(), nil, []buckets.Quota{r.quota(t, "daily", "lee")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !near(qs[0].Spent, 30) {
-		t.Errorf("quota spent %v after 30 hits sent twice, want 30", qs[0].Spent)
+	for name, mapping := range map[string]string{"waited": mappingYAML, "deferred": deferredYAML} {
+		t.Run(name, func(t *testing.T) {
+			addr := redisServer(t)
+			c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: timeout, WriteTimeout: timeout})
+			t.Cleanup(func() { c.Close() })
+			st := redisstore.New(c, redisstore.Options{Prefix: t.Name() + ":" + admission.NewID()[:8] + ":"})
+			r := newRig(t, st, mapping)
+			// Warm up: the scripts loaded, the connection open.
+			r.call(t, hits(desc("user", "warm"), 0))
+			redistest.Sleep(t, addr, pause)
+			got := r.call(t, hits(desc("user", "lee"), 3), hits(desc("quser", "lee"), 30))
+			if got.GetOverallCode() != ok {
+				t.Fatalf("charge during a %v stall: %v", pause, got)
+			}
+			if err := r.svc.Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if l := r.level(t, "user", "lee"); !near(l, 7) {
+				t.Errorf("level %v after 3 hits sent twice, want 7: the charge applied once", l)
+			}
+			_, qs, err := st.Inspect(context.Background(), nil, []buckets.Quota{r.quota(t, "daily", "lee")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !near(qs[0].Spent, 30) {
+				t.Errorf("quota spent %v after 30 hits sent twice, want 30", qs[0].Spent)
+			}
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if len(r.errs) != 0 {
+				t.Errorf("errors counted: %v", r.errs)
+			}
+		})
 	}
 }
 
