@@ -188,8 +188,22 @@ func (m *envMapper) build() yamlMap {
 	if rl != nil {
 		doc["ratelimit"] = rl
 	}
+	rls := yamlMap{}
 	if m.bool("SHADOW_MODE", false) {
-		doc["rls"] = yamlMap{"shadow_mode": true}
+		rls["shadow_mode"] = true
+	}
+	// tokengate's own: ratelimit answers every call when it has counted it.
+	if v := m.str("TOKENGATE_DEFERRED_CHARGES", ""); v != "" {
+		var domains []string
+		for d := range strings.SplitSeq(v, ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				domains = append(domains, d)
+			}
+		}
+		rls["deferred_charges"] = domains
+	}
+	if len(rls) > 0 {
+		doc["rls"] = rls
 	}
 	return doc
 }

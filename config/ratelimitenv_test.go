@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -42,6 +43,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-ai-gateway-controller:18002",
 		"CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit", "CONFIG_GRPC_XDS_NODE_METADATA": "cluster=ai,zone:a",
 		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true",
+		"TOKENGATE_DEFERRED_CHARGES": "envoy-ai-gateway, other ,",
 	}
 	file := map[string]string{
 		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true",
@@ -87,7 +89,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if !x.Insecure || x.NodeID != "envoy-ai-gateway-ratelimit" || x.NodeMetadata["cluster"] != "ai" || x.NodeMetadata["zone"] != "a" {
 				t.Errorf("xds %+v", x)
 			}
-			if c.RLS == nil || !c.RLS.ShadowMode {
+			if c.RLS == nil || !c.RLS.ShadowMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) {
 				t.Errorf("rls %+v", c.RLS)
 			}
 		}, []string{"REDIS_URL is unset", "verifies no client certificate"}},
