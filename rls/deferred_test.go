@@ -6,10 +6,15 @@ import (
 	"testing"
 	"time"
 
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets/redisstore"
+	"github.com/tokengate/tokengate/rls"
 )
 
 // deferredYAML is the test mapping with domain d's charges deferred.
@@ -19,8 +24,8 @@ const deferredYAML = mappingYAML + "  deferred_charges: [d]\n"
 // call whose descriptors all carry hits (Envoy's stream-done call, whose
 // answer it ignores) is answered OK at once, even past the limit, and its
 // hits are charged once in the background, down to max_debt; a check still
-// reads the bucket, and a call with a check among its descriptors is
-// answered as ever (docs/rls.md, "Charges Envoy does not wait for").
+// reads the bucket, a call cancelled before it is queued charges nothing,
+// and a call with a check among its descriptors is answered as ever (docs/rls.md, "Charges Envoy does not wait for").
 func TestDeferredChargesAnsweredAtOnce(t *testing.T) {
 	for _, name := range []string{"memory", "redis", "cluster"} {
 		open := stores(t)[name]
@@ -30,6 +35,11 @@ func TestDeferredChargesAnsweredAtOnce(t *testing.T) {
 			if got.GetOverallCode() != ok || got.Statuses[0].GetCode() != ok || got.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 10 ||
 				got.Statuses[0].GetLimitRemaining() != 0 || got.Statuses[0].GetDurationUntilReset() != nil {
 				t.Fatalf("deferred charge of 12 from 10 answered %v, want OK naming the limit of 10, without remaining or reset", got)
+			}
+			gone, cancel := context.WithCancel(context.Background())
+			cancel()
+			if _, err := r.svc.ShouldRateLimit(gone, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{hits(desc("user", "dee"), 5)}}); status.Code(err) != codes.Canceled {
+				t.Errorf("deferred charge of a cancelled call = %v, want CANCELLED", err)
 			}
 			if err := r.svc.Drain(context.Background()); err != nil {
 				t.Fatal(err)
@@ -52,8 +62,8 @@ func TestDeferredChargesAnsweredAtOnce(t *testing.T) {
 			if len(r.seen) < 1 || r.seen[0].Code != "deferred" || r.seen[0].Hits != 12 || r.seen[0].Policy != "p" {
 				t.Errorf("first descriptor counted %+v, want code deferred, 12 hits, policy p", r.seen)
 			}
-			if len(r.errs) != 0 {
-				t.Errorf("errors counted: %v", r.errs)
+			if len(r.errs) != 1 || r.errs[0] != rls.ErrorCaller {
+				t.Errorf("errors counted: %v, want the cancelled call's caller_gone", r.errs)
 			}
 		})
 	}

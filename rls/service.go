@@ -276,6 +276,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		domain = req.GetDomain()
 	}
 	if s.later != nil && m.cfg.RLS.Deferred(domain) && allHits(plans) {
+		// A caller gone before anything is queued charges nothing, as a
+		// charge it waits for does.
+		if err := ctx.Err(); err != nil {
+			return nil, s.storeError(err)
+		}
 		s.deferCharges(plans, replaced, domain, resp)
 		return resp, nil
 	}
@@ -343,10 +348,11 @@ func allHits(plans []plan) bool {
 }
 
 // deferCharges answers a deferred domain's stream-done call OK at once,
-// each status naming the limit its descriptor met, and queues the charge of every descriptor that meets a bucket or quota
-// (config.RLS.DeferredCharges): Envoy ignores the answer, and charges that
-// nobody waits for share the store's calls. Concurrency limits are only
-// checked by a charge, so a deferred one leaves them alone.
+// each status naming the limit its descriptor met, and queues the charge
+// of every descriptor that meets a bucket or quota
+// (config.RLS.DeferredCharges): Envoy ignores the answer, and charges
+// that nobody waits for share the store's calls. Concurrency limits are
+// only checked by a charge, so a deferred one leaves them alone.
 func (s *Service) deferCharges(plans []plan, replaced []bool, domain string, resp *rlsv3.RateLimitResponse) {
 	resp.OverallCode = okCode
 	for i := range plans {
