@@ -468,7 +468,13 @@ for o = 1, nops do
     a = s0 + ns
     -- apply: 2 all of it, 1 its debits only, 0 nothing.
     local apply = 2
-    if replay and redis.call('EXISTS', KEYS[mk]) == 1 then apply = 0 end
+    -- Without a record to consult (a charge, a spend) the marker alone
+    -- decides: set as it is looked at, one call.
+    if replay and rec == 0 then
+      if not redis.call('SET', KEYS[mk], '1', 'PX', mttl - mttl % 1, 'NX') then apply = 0 end
+    elseif replay and redis.call('EXISTS', KEYS[mk]) == 1 then
+      apply = 0
+    end
     if rec > 0 and apply > 0 then
       local h, exp = 8 * p[b0] - 7, nil
       local r = nb > 0 and B[h + 3]
@@ -515,7 +521,7 @@ for o = 1, nops do
         B[h + 2] = B[h + 2] or b0
       end
     end
-    if replay and apply > 0 then redis.call('SET', KEYS[mk], '1', 'PX', string.format('%d', mttl)) end
+    if replay and rec > 0 and apply > 0 then redis.call('SET', KEYS[mk], '1', 'PX', mttl - mttl % 1) end
     vals[nv + 1], vals[nv + 2] = apply == 0 and 1 or 0, 0
     nv = nv + 2
     for i = 0, nb - 1 do
