@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,21 +24,7 @@ import (
 // retry-after, the answers are counted in the metrics, and a reload
 // of the file swaps the limits the calls meet.
 func TestServeAnswersRateLimitCalls(t *testing.T) {
-	bin := tokengateBinary(t)
-	data, err := os.ReadFile(filepath.Join(repoRoot, "examples/rls/tokengate.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "tokengate.yaml")
-	if err := os.WriteFile(file, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := startServe(t, bin, nil, "--config", file)
-	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	p, conn, file, data := serveRLSExample(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -101,19 +88,18 @@ func TestServeAnswersRateLimitCalls(t *testing.T) {
 	p.stop(t)
 }
 
-// TestServeDefersStreamDoneCharges: with the example's domain in
-// rls.deferred_charges, the binary answers a call of hits (Envoy's
-// stream-done call) OK at once, past the limit, and charges it in the
-// background: a check then finds the bucket in debt, and the call is
-// counted as deferred (docs/rls.md, "Charges Envoy does not wait for").
-func TestServeDefersStreamDoneCharges(t *testing.T) {
+// serveRLSExample runs the binary on examples/rls/tokengate.yaml with
+// extra appended (lines of its rls section), and dials its gRPC listener;
+// it returns the file it serves and the example's own bytes.
+func serveRLSExample(t *testing.T, extra string) (*served, *grpc.ClientConn, string, []byte) {
+	t.Helper()
 	bin := tokengateBinary(t)
 	data, err := os.ReadFile(filepath.Join(repoRoot, "examples/rls/tokengate.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	file := filepath.Join(t.TempDir(), "tokengate.yaml")
-	if err := os.WriteFile(file, append(data, "  deferred_charges: [ai-gateway]\n"...), 0o600); err != nil {
+	if err := os.WriteFile(file, append(slices.Clip(data), extra...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p := startServe(t, bin, nil, "--config", file)
@@ -121,7 +107,17 @@ func TestServeDefersStreamDoneCharges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
+	return p, conn, file, data
+}
+
+// TestServeDefersStreamDoneCharges: with the example's domain in
+// rls.deferred_charges, the binary answers a call of hits (Envoy's
+// stream-done call) OK at once, past the limit, and charges it in the
+// background: a check then finds the bucket in debt, and the call is
+// counted as deferred (docs/rls.md, "Charges Envoy does not wait for").
+func TestServeDefersStreamDoneCharges(t *testing.T) {
+	p, conn, _, _ := serveRLSExample(t, "  deferred_charges: [ai-gateway]\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rl := rlsv3.NewRateLimitServiceClient(conn)
