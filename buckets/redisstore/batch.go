@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -356,15 +357,29 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 	packed := make([]byte, 0, 8*count)
 	packed = pack(packed, float64(len(batch)), float64(nbk), float64(nqk), maxInline, repeatUS)
 	args := make([]any, 3, 3+len(batch)+2)
-	var tags []string // the quotas' unit tags, each once, after the IDs
+	// The batch's strings, each once, after the IDs: the quotas' unit
+	// tags, and the TTLs (ms) in decimal that the script may pass to SET
+	// as they are (ttls[i] when strs[i] is one, else -1).
+	var strs []string
+	var ttls []float64
 	tagOf := func(q buckets.Quota) float64 {
-		for i, t := range tags {
-			if q.ReadsTag(t) {
+		for i, t := range strs {
+			if ttls[i] < 0 && q.ReadsTag(t) {
 				return float64(i + 1)
 			}
 		}
-		tags = append(tags, q.Tag())
-		return float64(len(tags))
+		strs, ttls = append(strs, q.Tag()), append(ttls, -1)
+		return float64(len(strs))
+	}
+	ttlOf := func(ms float64) float64 {
+		ms = math.Floor(ms)
+		for i, t := range ttls {
+			if t == ms {
+				return float64(i + 1)
+			}
+		}
+		strs, ttls = append(strs, strconv.FormatInt(int64(ms), 10)), append(ttls, ms)
+		return float64(len(strs))
 	}
 	for _, o := range batch {
 		rec := 0.0
@@ -375,12 +390,12 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 		if o.reserve {
 			packed = pack(packed, o.cost, o.maxWait.Seconds(), float64(o.life.Microseconds()))
 		} else if o.marker != "" {
-			packed = pack(packed, k.of(o.marker), o.markTTL)
+			packed = pack(packed, k.of(o.marker), ttlOf(o.markTTL))
 		}
 		for _, i := range o.g.buckets {
 			b := o.bs[i]
 			low := ttlLow(b)
-			packed = pack(packed, k.of(s.bucketKey(b.Key)), b.Limit.Capacity, b.Limit.Rate, low, ttlFrom(b, low))
+			packed = pack(packed, k.of(s.bucketKey(b.Key)), b.Limit.Capacity, b.Limit.Rate, low, ttlOf(ttlFrom(b, low)))
 			if o.reserve {
 				hard := 0.0
 				if b.Hard {
@@ -415,7 +430,7 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 		}
 		args = append(args, o.id)
 	}
-	for _, t := range tags {
+	for _, t := range strs {
 		args = append(args, t)
 	}
 	args[0], args[1], args[2] = s.nowArg(), structFormat(count), string(packed)

@@ -138,21 +138,25 @@ end
 // KEYS: every key of the batch once: first the nbk bucket keys, then the
 // nqk quota keys, then slot, record and marker keys.
 // ARGV: now, struct format and packed numbers, then one reservation ID per
-// operation, then the unit tags of the batch's quotas, each once. Numbers:
-// nops, nbk, nqk, maxInline, the repeat window (µs); then per operation its
-// kind, nb, ns, nq, record key index (0 for none), and
+// operation, then the strings of the batch, each once: the unit tags of
+// its quotas and, in decimal, the TTLs (ms) it may pass to SET as they are
+// (a number passed to redis.call costs Redis a printf of 17 digits, which
+// is dearer than the SET; a string costs nothing). Numbers: nops, nbk, nqk,
+// maxInline, the repeat window (µs); then per operation its kind, nb, ns,
+// nq, record key index (0 for none), and
 //   - reserve (kind 1): cost, max wait (s), lifetime (µs); per bucket key
-//     index, capacity, rate, low, TTL from low (ms), hard (1/0), reserve
-//     (the headroom it must leave); per quota key index, limit, amount,
-//     TTL (ms), tag index (1-based, into the tags); per slot key index,
+//     index, capacity, rate, low, TTL from low (a string's index), hard
+//     (1/0), reserve (the headroom it must leave); per quota key index,
+//     limit, amount, TTL (ms), tag (a string's index); per slot key index,
 //     max, lease (µs);
 //   - settle (kind 2 plus 1 to leave a tombstone, plus 2 for a replay, plus
 //     4 for a replay of a settlement that may have applied): for a replay
-//     its marker key index and the marker's TTL (ms); per bucket key index,
-//     capacity, rate, low, TTL from low (ms), floor (-inf for none), delta
+//     its marker key index and the marker's TTL (a string's index); per
+//     bucket key index, capacity, rate, low, TTL from low (a string's
+//     index), floor (-inf for none), delta
 //     (charged minus used; positive refunds); per quota key index, delta
-//     (used minus charged: the change of the spend), TTL (ms), tag index;
-//     per slot key index.
+//     (used minus charged: the change of the spend), TTL (ms), tag (a
+//     string's index); per slot key index.
 //
 // A reserve that admits takes cost from every bucket, its amount from every
 // quota, a lease from every slot, and writes the reservation's record: in
@@ -218,8 +222,8 @@ local B = {false, false, false, false, false, false, false, false, false, false,
 -- Per quota key index, when the batch has quotas: the spend (S), its
 -- unit's tag (T: '' for a missing key and for a value without tag, which
 -- every unit reads as its own), whether the key exists (E: its TTL, the
--- window's end, stays), and the TTL of its write (QW). The tags of the
--- operations are ARGV[tg0 + i].
+-- window's end, stays), and the TTL of its write (QW). The batch's
+-- strings (tags, TTLs) are ARGV[tg0 + i].
 local S, T, E, QW
 local tg0 = 3 + nops
 if nbk + nqk == 1 then
@@ -462,7 +466,7 @@ for o = 1, nops do
     local tomb, replay, maybe = f % 2 == 1, f % 4 >= 2, f >= 4
     local b0 = a + 5
     local mk, mttl
-    if replay then mk, mttl, b0 = p[a + 5], p[a + 6], a + 7 end
+    if replay then mk, mttl, b0 = p[a + 5], ARGV[tg0 + p[a + 6]], a + 7 end
     local q0 = b0 + 7 * nb
     local s0 = q0 + 4 * nq
     a = s0 + ns
@@ -471,7 +475,7 @@ for o = 1, nops do
     -- Without a record to consult (a charge, a spend) the marker alone
     -- decides: set as it is looked at, one call.
     if replay and rec == 0 then
-      if not redis.call('SET', KEYS[mk], '1', 'PX', mttl - mttl % 1, 'NX') then apply = 0 end
+      if not redis.call('SET', KEYS[mk], '1', 'PX', mttl, 'NX') then apply = 0 end
     elseif replay and redis.call('EXISTS', KEYS[mk]) == 1 then
       apply = 0
     end
@@ -521,7 +525,7 @@ for o = 1, nops do
         B[h + 2] = B[h + 2] or b0
       end
     end
-    if replay and rec > 0 and apply > 0 then redis.call('SET', KEYS[mk], '1', 'PX', mttl - mttl % 1) end
+    if replay and rec > 0 and apply > 0 then redis.call('SET', KEYS[mk], '1', 'PX', mttl) end
     vals[nv + 1], vals[nv + 2] = apply == 0 and 1 or 0, 0
     nv = nv + 2
     for i = 0, nb - 1 do
@@ -588,11 +592,13 @@ if QW then
     end
   end
 end
--- Write every bucket that changed, with its TTL: the caller's from low,
--- or, below low or while paused, the exact time to full; a holder lives
--- at least until its latest record expires. A key that existed keeps its
--- TTL unless something in this batch can need a later one (+6). A TTL
--- goes to SET as a whole number: Redis writes it without a Lua string.
+-- Write every bucket that changed, with its TTL: the caller's from low
+-- (its string, ts), or, below low or while paused, the exact time to full
+-- (ttl); a holder lives at least until its latest record expires. A key
+-- that existed keeps its TTL unless something in this batch can need a
+-- later one (+6). A TTL the batch works out goes to SET as a string of
+-- its whole milliseconds: string.format's integer costs less than the 17
+-- digits Redis would print of a number.
 for k = 1, nbk do
   local b = 8 * k - 7
   local q = B[b + 2]
@@ -601,7 +607,7 @@ for k = 1, nbk do
     local cap, rate = p[q + 1], p[q + 2]
     local keep = l and not B[b + 6]
     if not l then l, t = cap, now end
-    local ttl = p[q + 4]
+    local ts, ttl = ARGV[tg0 + p[q + 4]], nil
     if t > now or l < p[q + 3] then
       ttl = (t - now + (cap - l) / rate * 1e6) / 1000 + 1001
       if ttl > 1e12 then ttl = 1e12 end
@@ -610,7 +616,7 @@ for k = 1, nbk do
     if r and off <= #r then
       if m > now then
         local mt = (m - now) / 1000 + 1001
-        if mt > ttl then ttl = mt end
+        if mt > (ttl or tonumber(ts)) then ttl = mt end
       end
       if off > 1 then r = string.sub(r, off) end
       v = struct.pack('<dddc0', l, t, m, r)
@@ -620,7 +626,8 @@ for k = 1, nbk do
     if keep then
       redis.call('SET', KEYS[k], v, 'KEEPTTL')
     else
-      redis.call('SET', KEYS[k], v, 'PX', ttl - ttl % 1)
+      if ttl then ts = string.format('%d', ttl - ttl % 1) end
+      redis.call('SET', KEYS[k], v, 'PX', ts)
     end
   end
 end

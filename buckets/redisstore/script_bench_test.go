@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,11 +52,21 @@ type capturedCall struct {
 	args []any
 }
 
+// opsOf reads the number of operations from a batch call's packed
+// numbers (see batchLua).
+func opsOf(packed any) int {
+	p, ok := packed.(string)
+	if !ok || len(p) < 8 {
+		return 0
+	}
+	return int(math.Float64frombits(binary.LittleEndian.Uint64([]byte(p[:8]))))
+}
+
 func (c *capturer) Process(ctx context.Context, cmd redis.Cmder) error {
 	a := cmd.Args()
 	if len(a) > 3 && a[0] == "evalsha" && a[1] == batchScript.sha {
 		n := a[2].(int)
-		if args := a[3+n:]; len(args) == 5 {
+		if args := a[3+n:]; len(args) >= 5 && opsOf(args[2]) == 2 {
 			call := capturedCall{args: append([]any(nil), args...)}
 			for _, k := range a[3 : 3+n] {
 				call.keys = append(call.keys, k.(string))
@@ -290,4 +302,70 @@ func againstFloor(b *testing.B, run func(script) float64, unit string) {
 	b.ReportMetric(script/rounds, "script-µs/"+unit)
 	b.ReportMetric(base/rounds, "floor-µs/"+unit)
 	b.ReportMetric(script/base, "script-vs-floor")
+}
+
+// BenchmarkChargeScript measures what Redis spends on a charge made alone
+// — the rate-limit service's one-call hit at one caller: a batch of one
+// charge on one of 1,000 users' buckets, its marker set as it is looked
+// at — in Redis's own counters: the script time per call (INFO
+// commandstats) and the CPU Redis used per call (INFO cpu: its event loop,
+// the system calls and the script). With pace=gateway the charges come a
+// millisecond apart, so that Redis sleeps between them as behind a
+// gateway at one caller.
+func BenchmarkChargeScript(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, pace := range []string{"none", "gateway"} {
+		b.Run("pace="+pace, func(b *testing.B) {
+			ctx := context.Background()
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 1})
+			defer c.Close()
+			st := New(c, Options{Prefix: "charge:"})
+			lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+			charge := func(i int) {
+				r := &buckets.Reservation{ID: b.Name() + strconv.Itoa(i), Buckets: []buckets.Bucket{{Name: "user", Key: "u" + strconv.Itoa(i%1000), Limit: lim}}}
+				if _, err := st.Charge(ctx, r, 500); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range 1000 {
+				charge(-1 - i)
+			}
+			n := max(b.N, 200)
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			cpu0 := redisCPU(b, c)
+			b.ResetTimer()
+			for i := range n {
+				charge(i)
+				if pace == "gateway" {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			b.StopTimer()
+			cpu := redisCPU(b, c) - cpu0
+			b.ReportMetric(scriptTime(b, c), "script-µs/call")
+			b.ReportMetric(cpu/float64(n), "redis-cpu-µs/call")
+		})
+	}
+}
+
+// redisCPU reads the CPU Redis has used (user and system, µs) from INFO
+// cpu.
+func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var us float64
+	for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+		_, rest, ok := strings.Cut(info, f)
+		v, _, ok2 := strings.Cut(rest, "\r\n")
+		s, err := strconv.ParseFloat(v, 64)
+		if !ok || !ok2 || err != nil {
+			b.Fatalf("INFO cpu has no %s: %q", f, info)
+		}
+		us += s * 1e6
+	}
+	return us
 }
