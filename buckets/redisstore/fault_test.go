@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,6 +147,88 @@ func TestClusterChainAcrossSlots(t *testing.T) {
 	d, err = st.Reserve(ctx, buckets.Request{Cost: 96, Buckets: []buckets.Bucket{big}, Slots: []buckets.Slot{slot}})
 	if err != nil || !d.OK {
 		t.Fatalf("Reserve of the rest of big = %+v, %v; want admitted", d, err)
+	}
+}
+
+// idHook calls fn before each command that names id (a script call of
+// its reservation), with how many it has seen.
+type idHook struct {
+	id string
+	n  atomic.Int64
+	fn func(n int64)
+}
+
+func (h *idHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *idHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.ContainsFunc(cmd.Args(), func(a any) bool { s, _ := a.(string); return s == h.id }) {
+			h.fn(h.n.Add(1))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *idHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestClusterChainAsksAgainInOrder plays the moment that requests racing
+// for the last tokens of a chain across two slots meet: the second bucket
+// is held by another request when the first is taken, and freed right
+// after. A request refused by one group while another admitted it is
+// refunded and asks again group by group; here the second try finds the
+// room and admits it, once: each bucket ends exactly one cost lower.
+func TestClusterChainAsksAgainInOrder(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Options{})
+	ctx := context.Background()
+	a, z := "team", ""
+	for i := 0; z == ""; i++ {
+		if k := "provider" + strconv.Itoa(i); redisstore.HashSlot(k) != redisstore.HashSlot(a) {
+			z = k
+		}
+	}
+	team := buckets.Bucket{Name: "team", Key: a, Limit: buckets.Limit{Capacity: 3, Rate: 1e-9}}
+	prov := buckets.Bucket{Name: "provider", Key: z, Limit: buckets.Limit{Capacity: 3, Rate: 1e-9}}
+	other, err := st.Reserve(ctx, buckets.Request{Cost: 3, Buckets: []buckets.Bucket{prov}})
+	if err != nil || !other.OK {
+		t.Fatalf("Reserve of the provider's tokens = %+v, %v", other, err)
+	}
+	// The request's calls: its reserve in both groups at once, the
+	// provider refusing; the team's refund; then, asking again, the
+	// team's reserve — before which the other request gives its tokens
+	// back — and the provider's.
+	hook := &idHook{id: "x1", fn: func(n int64) {
+		if n == 4 {
+			if _, err := st.Settle(ctx, other.Reservation, 0); err != nil {
+				t.Error(err)
+			}
+		}
+	}}
+	c.AddHook(hook)
+	d, err := st.Reserve(ctx, buckets.Request{ID: "x1", Cost: 3, Buckets: []buckets.Bucket{team, prov}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v; want admitted when it asks again in order (%d calls)", d, err, hook.n.Load())
+	}
+	if n := hook.n.Load(); n != 5 {
+		t.Errorf("%d calls of the reservation, want 5: two at once, a refund, two in order", n)
+	}
+	if d.Reservation.ID != "x1" {
+		t.Errorf("reservation ID %q, want the request's x1", d.Reservation.ID)
+	}
+	// Each bucket holds the request's cost, once (refilled by next to
+	// nothing since).
+	for _, b := range []buckets.Bucket{team, prov} {
+		d, err := st.Reserve(ctx, buckets.Request{Cost: 0, Buckets: []buckets.Bucket{b}})
+		if err != nil || d.Buckets[0].Remaining > 1e-6 {
+			t.Errorf("%s after the request: %+v, %v; want 0 remaining", b.Name, d.Buckets, err)
+		}
+	}
+	if _, err := st.Settle(ctx, d.Reservation, 3); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -594,6 +594,17 @@ var scriptReasons = [...]buckets.Reason{buckets.Admitted, buckets.ShortOfTokens,
 // a reply is lost for good, the error is an *buckets.IncompleteError whose
 // Rest (the groups that may have taken) must be cancelled; groups that
 // did take while another refused or failed are refunded at once.
+//
+// The groups of a cluster chain are asked at once. When requests race for
+// the last tokens of two groups, each group's winners may then be other
+// requests, and every one of them refused: a request that some group
+// admitted while another refused, once refunded, asks again group by group
+// in the chain's order, each only after the one before admitted it, so
+// that requests racing alike reach the second group only as winners of
+// the first, and the tokens go to some of them. It asks again only when
+// nothing of its first try can still run in Redis (no copy of a reserve
+// or of a refund on its way), so that the second try, with the same ID,
+// meets nothing of the first.
 func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decision, error) {
 	if err := req.Validate(); err != nil {
 		return buckets.Decision{}, err
@@ -607,17 +618,46 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 	if id == "" {
 		id = newID()
 	}
-	obs := make([]buckets.Observation, len(req.Buckets))
-	var spans []buckets.Span
-	var spent []float64
-	var now time.Time
+	t := try{obs: make([]buckets.Observation, len(req.Buckets))}
 	if len(req.Quotas) > 0 {
-		now = s.now()
-		spans, spent = make([]buckets.Span, len(req.Quotas)), make([]float64, len(req.Quotas))
+		t.now = s.now()
+		t.spans, t.spent = make([]buckets.Span, len(req.Quotas)), make([]float64, len(req.Quotas))
 		for j, q := range req.Quotas {
-			spans[j] = s.spans.Span(q.Window, now)
+			t.spans[j] = s.spans.Span(q.Window, t.now)
 		}
 	}
+	d, again, err := s.reserve(ctx, req, id, t)
+	if !again {
+		return d, err
+	}
+	// Refused again, the answer is the first try's, which asked every
+	// group: the reason and the wait of the whole chain.
+	t.obs, t.spent, t.inOrder = slices.Clone(t.obs), slices.Clone(t.spent), true
+	if d2, _, err := s.reserve(ctx, req, id, t); err != nil || d2.OK {
+		return d2, err
+	}
+	return d, nil
+}
+
+// try is what the tries of a Reserve share: the observations of every
+// bucket and the spend of every quota (a try in order starts from a copy
+// of the first try's, and leaves those of the groups it does not ask as
+// that try saw them), the quotas' windows and the instant that chose
+// them; and whether the try asks in order.
+type try struct {
+	obs     []buckets.Observation
+	spent   []float64
+	spans   []buckets.Span
+	now     time.Time
+	inOrder bool
+}
+
+// reserve makes one try of Reserve: at once, or in order, group by group
+// until one does not admit (see try). again says that a try at once was
+// refused by contention and left nothing behind in Redis: a try in order
+// may follow.
+func (s *Store) reserve(ctx context.Context, req buckets.Request, id string, t try) (d buckets.Decision, again bool, err error) {
+	obs, spent, spans, now, inOrder := t.obs, t.spent, t.spans, t.now, t.inOrder
 	gs := s.groups(req.Buckets, req.Slots, req.Quotas)
 	ops := make([]op, len(gs))
 	for k, g := range gs {
@@ -626,8 +666,18 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 			maxWait: req.MaxWait, priority: req.Priority, life: req.LifetimeOrDefault(), obs: obs, spent: spent}
 	}
 	// The groups of a cluster chain live on different nodes: ask them all
-	// at once. Each writes only its own buckets' observations.
-	eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	// at once, or in order until one does not admit. Each writes only its
+	// own buckets' observations.
+	if inOrder {
+		for k := range ops {
+			if s.do(ctx, &ops[k]); ops[k].err != nil || ops[k].status != buckets.Admitted {
+				ops = ops[:k+1]
+				break
+			}
+		}
+	} else {
+		eachGroup(len(ops), func(k int) { s.do(ctx, &ops[k]) })
+	}
 	reason, full := buckets.Admitted, -1
 	// took: groups that took; twice: groups of which two copies of the
 	// reserve may run, so that one may still take after this answer;
@@ -656,7 +706,7 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 		if len(twice) > 0 {
 			s.unsure.Store(id, struct{}{})
 		}
-		return buckets.NewDecision(req, id, buckets.Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: now}), nil
+		return buckets.NewDecision(req, id, buckets.Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: now}), false, nil
 	}
 	// Not admitted: refund the groups that took, and stop a copy still on
 	// its way in the groups where one may run.
@@ -666,14 +716,14 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 			undo = append(undo, g)
 		}
 	}
-	failed := s.compensate(ctx, res, undo, len(twice) > 0)
+	failed, resent := s.compensate(ctx, res, undo, len(twice) > 0)
 	lost = append(lost, failed...)
 	if firstErr != nil || len(failed) > 0 {
 		err := fmt.Errorf("redisstore: reserve: %w", cmp.Or(firstErr, fmt.Errorf("%w: refund of a partly reserved chain failed", buckets.ErrStore)))
 		if len(lost) > 0 {
-			return buckets.Decision{}, &buckets.IncompleteError{Rest: s.part(res, lost), Sent: true, Err: err}
+			return buckets.Decision{}, false, &buckets.IncompleteError{Rest: s.part(res, lost), Sent: true, Err: err}
 		}
-		return buckets.Decision{}, err
+		return buckets.Decision{}, false, err
 	}
 	for _, g := range took {
 		// Report the levels and spend the request met.
@@ -684,7 +734,8 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 			spent[j] -= req.QuotaCost(req.Quotas[j])
 		}
 	}
-	return buckets.NewDecision(req, id, buckets.Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: now}), nil
+	again = !inOrder && len(took) > 0 && len(twice) == 0 && !resent && reason != buckets.NeverAdmissible
+	return buckets.NewDecision(req, id, buckets.Step{Reason: reason, Buckets: obs, Slot: full, Quotas: spent, Spans: spans, Now: now}), again, nil
 }
 
 // part is r reduced to the buckets, slots and quotas of groups gs, which
@@ -750,9 +801,9 @@ func slotTag(slot uint16) string { return slotTags()[slot] }
 // be spent: the tokens must not stay taken. It returns the groups whose
 // refund may not have applied; their tokens stay taken until refill
 // returns them — the safe side — unless the caller cancels them later.
-func (s *Store) compensate(ctx context.Context, r *buckets.Reservation, gs []group, tomb bool) (failed []group) {
+func (s *Store) compensate(ctx context.Context, r *buckets.Reservation, gs []group, tomb bool) (failed []group, resent bool) {
 	if len(gs) == 0 {
-		return nil
+		return nil, false
 	}
 	cctx, cancel := s.detach(ctx)
 	defer cancel()
@@ -768,8 +819,9 @@ func (s *Store) compensate(ctx context.Context, r *buckets.Reservation, gs []gro
 		if ops[k].err != nil {
 			failed = append(failed, ops[k].g)
 		}
+		resent = resent || ops[k].copies > 1
 	}
-	return failed
+	return failed, resent
 }
 
 // Settle implements buckets.Store: one op per group, each settling once
