@@ -112,23 +112,33 @@ func TestStoreFailure(t *testing.T) {
 	}
 }
 
+// clusterStore starts a 3-master cluster and returns a store on it and
+// its client.
+func clusterStore(t *testing.T) (*redisstore.Store, *redis.ClusterClient) {
+	cl := redistest.StartCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+	t.Cleanup(func() { c.Close() })
+	return redisstore.New(c, redisstore.Options{}), c
+}
+
+// otherSlot returns the first of prefix0, prefix1, ... whose cluster slot
+// is not key's.
+func otherSlot(key, prefix string) string {
+	for i := 0; ; i++ {
+		if k := prefix + strconv.Itoa(i); redisstore.HashSlot(k) != redisstore.HashSlot(key) {
+			return k
+		}
+	}
+}
+
 // TestClusterChainAcrossSlots checks the compensation of a chain split
 // over cluster slots: when a later group refuses, the earlier group's take
 // is refunded and its slot released.
 func TestClusterChainAcrossSlots(t *testing.T) {
-	cl := redistest.StartCluster(t)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
-	defer c.Close()
-	st := redisstore.New(c, redisstore.Options{})
+	st, _ := clusterStore(t)
 	ctx := context.Background()
-	// Find two keys in different slots.
-	a, z := "a", ""
-	for i := 0; z == ""; i++ {
-		k := "z" + strconv.Itoa(i)
-		if redisstore.HashSlot(k) != redisstore.HashSlot(a) {
-			z = k
-		}
-	}
+	a := "a"
+	z := otherSlot(a, "z")
 	big := buckets.Bucket{Name: "big", Key: a, Limit: buckets.Limit{Capacity: 100, Rate: 1e-9}}
 	small := buckets.Bucket{Name: "small", Key: z, Limit: buckets.Limit{Capacity: 5, Rate: 1e-9}}
 	slot := buckets.Slot{Name: "conc", Key: a, Max: 1}
@@ -180,17 +190,10 @@ func (h *idHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // refunded and asks again group by group; here the second try finds the
 // room and admits it, once: each bucket ends exactly one cost lower.
 func TestClusterChainAsksAgainInOrder(t *testing.T) {
-	cl := redistest.StartCluster(t)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
-	defer c.Close()
-	st := redisstore.New(c, redisstore.Options{})
+	st, c := clusterStore(t)
 	ctx := context.Background()
-	a, z := "team", ""
-	for i := 0; z == ""; i++ {
-		if k := "provider" + strconv.Itoa(i); redisstore.HashSlot(k) != redisstore.HashSlot(a) {
-			z = k
-		}
-	}
+	a := "team"
+	z := otherSlot(a, "provider")
 	team := buckets.Bucket{Name: "team", Key: a, Limit: buckets.Limit{Capacity: 3, Rate: 1e-9}}
 	prov := buckets.Bucket{Name: "provider", Key: z, Limit: buckets.Limit{Capacity: 3, Rate: 1e-9}}
 	other, err := st.Reserve(ctx, buckets.Request{Cost: 3, Buckets: []buckets.Bucket{prov}})
@@ -235,17 +238,10 @@ func TestClusterChainAsksAgainInOrder(t *testing.T) {
 // TestClusterExtendAcrossSlots checks that Extend over hard buckets in two
 // slots is all or none: when the second refuses, the first is refunded.
 func TestClusterExtendAcrossSlots(t *testing.T) {
-	cl := redistest.StartCluster(t)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
-	defer c.Close()
-	st := redisstore.New(c, redisstore.Options{})
+	st, _ := clusterStore(t)
 	ctx := context.Background()
-	a, z := "a", ""
-	for i := 0; z == ""; i++ {
-		if k := "z" + strconv.Itoa(i); redisstore.HashSlot(k) != redisstore.HashSlot(a) {
-			z = k
-		}
-	}
+	a := "a"
+	z := otherSlot(a, "z")
 	first := buckets.Bucket{Name: "first", Key: a, Hard: true, Limit: buckets.Limit{Capacity: 100, Rate: 1e-9}}
 	second := buckets.Bucket{Name: "second", Key: z, Hard: true, Limit: buckets.Limit{Capacity: 10, Rate: 1e-9}}
 	d, err := st.Reserve(ctx, buckets.Request{Cost: 5, Buckets: []buckets.Bucket{first, second}})
