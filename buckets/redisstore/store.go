@@ -627,7 +627,7 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 		}
 	}
 	d, again, err := s.reserve(ctx, req, id, t)
-	if !again {
+	if !again || ctx.Err() != nil {
 		return d, err
 	}
 	// Refused again, the answer is the first try's, which asked every
