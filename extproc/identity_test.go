@@ -93,13 +93,13 @@ func TestReservationIDServerGenerated(t *testing.T) {
 		}
 		r.outcome(t)
 	}
-	hex128 := regexp.MustCompile(`^[0-9a-f]{32}$`)
+	rand128 := regexp.MustCompile(`^[0-9A-Za-z_-]{21}[AQgw]$`) // 128 bits in unpadded URL-safe base64
 	r.store.mu.Lock()
 	ids := 0
 	for id := range r.store.reserved {
 		ids++
-		if !hex128.MatchString(id) {
-			t.Errorf("reservation ID %.40q…, want 32 hex digits of server randomness", id)
+		if !rand128.MatchString(id) {
+			t.Errorf("reservation ID %.40q…, want 128 bits of server randomness (22 characters of URL-safe base64)", id)
 		}
 	}
 	keys := append([]string(nil), r.store.keys...)
