@@ -302,6 +302,10 @@ type stopper interface{ Stop() bool }
 type liveCounter interface {
 	Write(delta string)
 	Tokens() int
+	// Hold and Release bracket the writes of one response chunk, which
+	// then share the counter's scratch space.
+	Hold()
+	Release()
 }
 
 // The policy types are the admission core's, shared with the rate-limit

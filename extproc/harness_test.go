@@ -108,6 +108,8 @@ func (d *deltaCount) Write(s string) {
 	}
 }
 func (d *deltaCount) Tokens() int { return d.n }
+func (d *deltaCount) Hold()       {}
+func (d *deltaCount) Release()    {}
 
 // recordingStore is the real memory store, recording what was reserved and
 // settled, so tests assert the amounts charged.

@@ -171,15 +171,10 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	}
 	p.growOut(len(chunk) + len(p.resp.framer.Pending()))
 	p.resp.framer.Feed(chunk)
-	for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
-		if p.observe(ev) {
-			return p.cutOff(send)
-		}
+	if p.observeChunk(eos) {
+		return p.cutOff(send)
 	}
 	if eos {
-		if tail := p.resp.framer.Flush(); len(tail) > 0 && p.observe(tail) {
-			return p.cutOff(send)
-		}
 		p.ended()
 	} else if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
 		// One event without end past the bound: holding more would let an
@@ -280,6 +275,26 @@ func (p *processor) releaseOut() {
 // the hard budgets. It returns true when the event must not be delivered
 // because a hard budget ran out (S14); the event is then counted (the
 // upstream generated it) but not forwarded.
+// observeChunk observes the events of a chunk, and at the end of the
+// stream what is left unframed, until one is over the budget: true when
+// the stream must be cut there. The events share the live counter's scratch
+// space, given back before anything is sent.
+func (p *processor) observeChunk(eos bool) bool {
+	p.resp.live.Hold()
+	defer p.resp.live.Release()
+	for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
+		if p.observe(ev) {
+			return true
+		}
+	}
+	if eos {
+		if tail := p.resp.framer.Flush(); len(tail) > 0 && p.observe(tail) {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *processor) observe(ev []byte) bool {
 	e, err := p.resp.stream.Observe(ev)
 	if err != nil {

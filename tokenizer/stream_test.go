@@ -39,8 +39,16 @@ func TestStreamMatchesWhole(t *testing.T) {
 					for end < len(text) && !utf8.RuneStart(text[end]) {
 						end++
 					}
+					// Odd trials hold the scratch space over runs of
+					// writes, as a response chunk's events are counted.
+					if trial%2 == 1 && rng.IntN(3) == 0 {
+						s.Hold()
+					}
 					s.Write(text[fed:end])
 					fed = end
+					if rng.IntN(3) == 0 {
+						s.Release()
+					}
 					want, _ := c.CountText(enc, text[:fed])
 					if got := s.Tokens(); got != want {
 						t.Fatalf("%s trial %d: after %q Tokens() = %d, want %d", enc, trial, text[:fed], got, want)
@@ -49,6 +57,47 @@ func TestStreamMatchesWhole(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestStreamHoldBorrowsOnce checks that Hold takes one scratch space from
+// the Counter's free list for all writes until Release, which gives that
+// same one back, and that writes without a Hold leave the list as it was.
+func TestStreamHoldBorrowsOnce(t *testing.T) {
+	c := newTestCounter(t)
+	w := c.getWorker()
+	c.putWorker(w)
+	if len(c.workers) != 1 {
+		t.Fatalf("free list holds %d scratch spaces, want 1", len(c.workers))
+	}
+	s := c.NewStream(O200kBase)
+	s.Write("Hello, ")
+	if len(c.workers) != 1 {
+		t.Fatalf("after a write without Hold the free list holds %d, want 1", len(c.workers))
+	}
+	s.Hold()
+	s.Hold()
+	if len(c.workers) != 0 || s.held != w {
+		t.Fatalf("Hold twice: free list holds %d, held the pooled one %v; want 0 and true", len(c.workers), s.held == w)
+	}
+	s.Write("world")
+	s.Write("! It's")
+	s.Release()
+	s.Release()
+	if len(c.workers) != 1 || s.held != nil {
+		t.Fatalf("Release twice: free list holds %d, still held %v; want 1 and false", len(c.workers), s.held != nil)
+	}
+	if got, want := s.Tokens(), mustCount(t, c, O200kBase, "Hello, world! It's"); got != want {
+		t.Fatalf("Tokens() = %d, want %d", got, want)
+	}
+}
+
+func mustCount(t *testing.T, c *Counter, enc, text string) int {
+	t.Helper()
+	n, err := c.CountText(enc, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestStreamBytesSplitRunes feeds raw bytes one at a time, so every
