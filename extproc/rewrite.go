@@ -2,14 +2,14 @@ package extproc
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/internal/jsonscan"
+	"github.com/tokengate/tokengate/internal/jsonstr"
 	"github.com/tokengate/tokengate/tokenizer"
 )
 
@@ -179,49 +179,74 @@ func (o *object) add(memberText string) edit {
 }
 
 // readObject reads the object that starts at offset at of body (after
-// optional whitespace) with encoding/json's tokenizer, which matches keys
-// exactly and decodes their escapes. Its errors name an offset, never
-// text of the body.
+// optional whitespace) in place, as encoding/json would: keys are matched
+// exactly, their escapes decoded (package jsonstr); values are stepped
+// over (package jsonscan). Its errors name an offset, never text of the
+// body.
 func readObject(body []byte, at int) (object, error) {
-	dec := json.NewDecoder(bytes.NewReader(body[at:]))
-	invalid := func() error {
-		return fmt.Errorf("not a valid JSON object at byte %d", at+int(dec.InputOffset()))
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return object{}, invalid()
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
+	i := jsonscan.Space(body, at)
+	if i >= len(body) || body[i] != '{' {
 		return object{}, fmt.Errorf("not a JSON object at byte %d", at)
 	}
 	var o object
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
-			return object{}, invalid()
+	if i = jsonscan.Space(body, i+1); i < len(body) && body[i] == '}' {
+		o.close = i
+	} else {
+		if err := o.read(body, i); err != nil {
+			return object{}, err
 		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return object{}, invalid()
-		}
-		end := at + int(dec.InputOffset())
-		start := end - len(v)
-		if start < at || !bytes.Equal(body[start:end], v) {
-			return object{}, fmt.Errorf("cannot locate the member value that ends at byte %d", end)
-		}
-		o.members = append(o.members, member{key: k.(string), start: start, end: end})
 	}
-	if _, err := dec.Token(); err != nil {
-		return object{}, invalid()
-	}
-	o.close = at + int(dec.InputOffset()) - 1
-	if at == 0 {
+	if at == 0 && jsonscan.Space(body, o.close+1) != len(body) {
 		// The body itself: nothing may follow it.
-		if _, err := dec.Token(); err != io.EOF {
-			return object{}, invalid()
-		}
+		return object{}, invalid(o.close + 1)
 	}
 	return o, nil
+}
+
+// read reads the members from the first key's quote at body[i] to the
+// closing brace.
+func (o *object) read(body []byte, i int) error {
+	for {
+		if i >= len(body) || body[i] != '"' {
+			return invalid(i)
+		}
+		end, err := jsonstr.Scan(body, i)
+		if err != nil {
+			return invalid(i)
+		}
+		key := body[i+1 : end-1]
+		i = jsonscan.Space(body, end)
+		if i >= len(body) || body[i] != ':' {
+			return invalid(i)
+		}
+		start := jsonscan.Space(body, i+1)
+		if end, err = jsonscan.Value(body, start); err != nil {
+			return invalid(start)
+		}
+		o.members = append(o.members, member{key: decodedKey(key), start: start, end: end})
+		switch i = jsonscan.Space(body, end); {
+		case i < len(body) && body[i] == ',':
+			i = jsonscan.Space(body, i+1)
+		case i < len(body) && body[i] == '}':
+			o.close = i
+			return nil
+		default:
+			return invalid(i)
+		}
+	}
+}
+
+// invalid is the error of a body that is not valid JSON at byte off.
+func invalid(off int) error { return fmt.Errorf("not a valid JSON object at byte %d", off) }
+
+// decodedKey is the key whose inside (between its quotes) is raw. Invalid
+// UTF-8 is kept as it is, where encoding/json would put U+FFFD: either
+// way such a key is none of the fields a rewrite looks for.
+func decodedKey(raw []byte) string {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw)
+	}
+	return string(jsonstr.Append(nil, raw))
 }
 
 // edit replaces body[start:end] with text.

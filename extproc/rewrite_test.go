@@ -1,7 +1,10 @@
 package extproc
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -192,4 +195,67 @@ func FuzzRewriteBody(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzReadObject: the in-place reader finds the members (keys decoded as
+// encoding/json decodes them, value offsets) and the closing brace that
+// encoding/json's tokenizer finds, and refuses what it refuses.
+func FuzzReadObject(f *testing.F) {
+	for _, s := range []string{`{}`, ` {"a" : 1, "b\u0041":[{"c":"}"}] , "a":null} `, `{"a":1}x`, `{"a":1,}`, `{"\ud800":2}`, `{"é":"\x"}`, `[1]`, "{\"\xff\\u0041\":1}", "{\"\xff\":1}"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := readObject(body, 0)
+		want, werr := oracleObject(body)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("readObject(%q) error %v, encoding/json %v", body, err, werr)
+		}
+		if err != nil {
+			if !strings.Contains(err.Error(), "at byte") {
+				t.Fatalf("readObject(%q) error %q names no offset", body, err)
+			}
+			return
+		}
+		if got.close != want.close || len(got.members) != len(want.members) {
+			t.Fatalf("readObject(%q) = %+v, encoding/json %+v", body, got, want)
+		}
+		for k := range got.members {
+			// encoding/json turns each invalid UTF-8 byte of a key into
+			// U+FFFD, which the reader keeps; as runes they agree.
+			got.members[k].key = string([]rune(got.members[k].key))
+			if got.members[k] != want.members[k] {
+				t.Fatalf("readObject(%q) member %d = %+v, encoding/json %+v", body, k, got.members[k], want.members[k])
+			}
+		}
+	})
+}
+
+// oracleObject reads a body that must be one JSON object with
+// encoding/json's tokenizer.
+func oracleObject(body []byte) (object, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return object{}, errors.New("not an object")
+	}
+	var o object
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return object{}, err
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return object{}, err
+		}
+		end := int(dec.InputOffset())
+		o.members = append(o.members, member{key: k.(string), start: end - len(v), end: end})
+	}
+	if _, err := dec.Token(); err != nil {
+		return object{}, err
+	}
+	o.close = int(dec.InputOffset()) - 1
+	if _, err := dec.Token(); err != io.EOF {
+		return object{}, errors.New("data after the object")
+	}
+	return o, nil
 }

@@ -3,20 +3,18 @@ package provider
 import (
 	"fmt"
 
+	"github.com/tokengate/tokengate/internal/jsonscan"
 	"github.com/tokengate/tokengate/internal/jsonstr"
 )
 
 // This file holds a small targeted JSON reader. A streamed response carries
 // hundreds of events, of which tokengate reads a handful of members; decoding
 // each event into maps would allocate per event on the hot path. The reader
-// walks the bytes in place instead: it skips the values it does not need and
-// returns offsets of the ones it does; strings are read by package jsonstr,
-// as request bodies are. Object keys are compared as raw bytes,
+// walks the bytes in place instead: it skips the values it does not need
+// (package jsonscan) and returns offsets of the ones it does; strings are
+// read by package jsonstr, as request bodies are. Object keys are compared as raw bytes,
 // so a key spelled with escapes ("us\u0061ge") does not match; no provider
 // sends such keys.
-
-// maxDepth bounds nesting so that hostile input cannot exhaust the stack.
-const maxDepth = 512
 
 // syntaxError reports malformed JSON with the byte offset where it was found.
 type syntaxError struct {
@@ -32,141 +30,33 @@ func errAt(off int, format string, args ...any) error {
 	return &syntaxError{off: off, msg: fmt.Sprintf(format, args...)}
 }
 
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && isSpace(b[i]) {
-		i++
+// scanned passes on what package jsonscan or jsonstr returned, its fault
+// as a syntaxError.
+func scanned(end int, err error) (int, error) {
+	if e, ok := err.(*jsonstr.Error); ok {
+		return end, errAt(e.Off, "%s", e.What)
 	}
-	return i
+	return end, err
 }
+
+func skipSpace(b []byte, i int) int { return jsonscan.Space(b, i) }
 
 // skipValue returns the offset just past the JSON value that starts at b[i]
 // (leading white space allowed).
-func skipValue(b []byte, i int) (int, error) { return skipValueDepth(b, i, 0) }
+func skipValue(b []byte, i int) (int, error) { return scanned(jsonscan.Value(b, i)) }
 
+// skipValueDepth is skipValue for a value depth levels deep.
 func skipValueDepth(b []byte, i, depth int) (int, error) {
-	i = skipSpace(b, i)
-	if i >= len(b) {
-		return i, errAt(i, "unexpected end of input, want a value")
-	}
-	switch c := b[i]; {
-	case c == '"':
-		return skipString(b, i)
-	case c == '{' || c == '[':
-		if depth >= maxDepth {
-			return i, errAt(i, "nesting deeper than %d", maxDepth)
-		}
-		closer := byte('}')
-		if c == '[' {
-			closer = ']'
-		}
-		i = skipSpace(b, i+1)
-		if i < len(b) && b[i] == closer {
-			return i + 1, nil
-		}
-		for {
-			var err error
-			if closer == '}' {
-				i = skipSpace(b, i)
-				if i >= len(b) || b[i] != '"' {
-					return i, errAt(i, "want an object key")
-				}
-				if i, err = skipString(b, i); err != nil {
-					return i, err
-				}
-				i = skipSpace(b, i)
-				if i >= len(b) || b[i] != ':' {
-					return i, errAt(i, "want ':' after object key")
-				}
-				i++
-			}
-			if i, err = skipValueDepth(b, i, depth+1); err != nil {
-				return i, err
-			}
-			i = skipSpace(b, i)
-			if i >= len(b) {
-				return i, errAt(i, "unexpected end of input, want ',' or '%c'", closer)
-			}
-			switch b[i] {
-			case ',':
-				i++
-			case closer:
-				return i + 1, nil
-			default:
-				return i, errAt(i, "unexpected %q, want ',' or '%c'", b[i], closer)
-			}
-		}
-	case c == '-' || (c >= '0' && c <= '9'):
-		return skipNumber(b, i)
-	case c == 't':
-		return skipLiteral(b, i, "true")
-	case c == 'f':
-		return skipLiteral(b, i, "false")
-	case c == 'n':
-		return skipLiteral(b, i, "null")
-	default:
-		return i, errAt(i, "unexpected %q, want a value", c)
-	}
+	return scanned(jsonscan.ValueDepth(b, i, depth))
 }
 
 func skipLiteral(b []byte, i int, lit string) (int, error) {
-	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
-		return i, errAt(i, "invalid literal, want %s", lit)
-	}
-	return i + len(lit), nil
-}
-
-func skipNumber(b []byte, i int) (int, error) {
-	start := i
-	if b[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(b) && b[i] == '0': // no leading zeros
-		i++
-	case i < len(b) && b[i] >= '1' && b[i] <= '9':
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-	default:
-		return start, errAt(start, "invalid number")
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		frac := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-		if i == frac {
-			return start, errAt(start, "invalid number")
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		exp := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-		if i == exp {
-			return start, errAt(start, "invalid number")
-		}
-	}
-	return i, nil
+	return scanned(jsonscan.Literal(b, i, lit))
 }
 
 // skipString returns the offset just past the string whose opening quote is
 // at b[i] (package jsonstr reads it).
-func skipString(b []byte, i int) (int, error) {
-	end, err := jsonstr.Scan(b, i)
-	if e, ok := err.(*jsonstr.Error); ok {
-		return i, errAt(e.Off, "%s", e.What)
-	}
-	return end, err
-}
+func skipString(b []byte, i int) (int, error) { return scanned(jsonstr.Scan(b, i)) }
 
 // object iterates over the members of a JSON object in place.
 type object struct {
