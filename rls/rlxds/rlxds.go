@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	sotw "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
@@ -31,13 +32,54 @@ type Options struct {
 	NodeMetadata map[string]string
 	// Load are the load options each snapshot is checked with.
 	Load rlconfig.Options
+
+	// wait, in tests, stands in for the pause before the repeat-th NACK
+	// of one refusal in a row (nackPause).
+	wait func(ctx context.Context, repeat int) error
+}
+
+// A management server with go-control-plane's snapshot cache answers a
+// NACK at once with the snapshot it holds, which is the one refused: a
+// client that NACKs at once again spins with it, thousands of round trips
+// a second while the bad configuration stands. The first NACK of a
+// refusal goes at once; the same refusal again waits first, 100 ms and
+// doubling up to 5 s, so that a configuration fixed meanwhile applies
+// within 5 s (the NACK, when it goes, fetches it).
+const (
+	nackPauseFirst = 100 * time.Millisecond
+	nackPauseMax   = 5 * time.Second
+)
+
+// nackPause is the pause before the repeat-th NACK of one refusal in a
+// row (repeat ≥ 1).
+func nackPause(repeat int) time.Duration {
+	d := nackPauseFirst
+	for range repeat - 1 {
+		if d *= 2; d >= nackPauseMax {
+			return nackPauseMax
+		}
+	}
+	return d
+}
+
+// pause waits nackPause(repeat), or until ctx ends.
+func pause(ctx context.Context, repeat int) error {
+	t := time.NewTimer(nackPause(repeat))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Watch subscribes to RateLimitConfig resources over ADS on conn and calls
 // apply with each response's files once they load; a response whose
 // resources do not decode, do not load, or that apply refuses is NACKed
 // with the reason, and apply is not called again until a later response
-// loads. Watch returns when ctx ends or the stream fails, with the error;
+// loads. The same refusal again in a row is NACKed after a pause
+// (nackPause), not at once. Watch returns when ctx ends or the stream fails, with the error;
 // the caller redials, with backoff (ratelimit waits 10s to 60s).
 func Watch(ctx context.Context, conn grpc.ClientConnInterface, opts Options, apply func([]*rlconfig.File) error) error {
 	node := &corev3.Node{Id: opts.NodeID}
@@ -59,6 +101,11 @@ func Watch(ctx context.Context, conn grpc.ClientConnInterface, opts Options, app
 	if err := c.InitConnect(conn); err != nil {
 		return fmt.Errorf("rlxds: %w", err)
 	}
+	wait := opts.wait
+	if wait == nil {
+		wait = pause
+	}
+	refused, repeats := "", 0 // the last NACK's reason, and how often in a row
 	for {
 		resp, err := c.Fetch()
 		if err != nil {
@@ -68,8 +115,14 @@ func Watch(ctx context.Context, conn grpc.ClientConnInterface, opts Options, app
 			return fmt.Errorf("rlxds: %w", err)
 		}
 		if reason := accept(resp.Resources, opts.Load, apply); reason != nil {
-			err = c.Nack(reason.Error())
+			if msg := reason.Error(); msg != refused {
+				refused, repeats = msg, 0
+			} else if repeats++; wait(ctx, repeats) != nil {
+				return ctx.Err()
+			}
+			err = c.Nack(refused)
 		} else {
+			refused, repeats = "", 0
 			err = c.Ack()
 		}
 		if err != nil {

@@ -21,6 +21,16 @@ import (
 	"github.com/tokengate/tokengate/rls/rlconfig"
 )
 
+// TestNackPause: the same refusal again is NACKed after 100 ms, doubling
+// up to 5 s.
+func TestNackPause(t *testing.T) {
+	for repeat, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 6: 3200 * time.Millisecond, 7: 5 * time.Second, 1000: 5 * time.Second} {
+		if got := nackPause(repeat); got != want {
+			t.Errorf("nackPause(%d) = %v, want %v", repeat, got, want)
+		}
+	}
+}
+
 // managementServer is go-control-plane's xDS server with a snapshot cache,
 // as Envoy Gateway runs it for its rate-limit deployment (§4.3): ADS off,
 // snapshots by node id. It records every request it receives.
@@ -43,7 +53,14 @@ func newManagementServer(t *testing.T) *managementServer {
 			m.mu.Lock()
 			m.requests = append(m.requests, req)
 			m.mu.Unlock()
-			m.changed <- struct{}{}
+			// Never block the server: a NACKed snapshot is sent again
+			// at once (the cache answers a version it does not have), so
+			// requests can outrun a test that is not waiting yet; one
+			// pending signal is enough, waitRequest scans them all.
+			select {
+			case m.changed <- struct{}{}:
+			default:
+			}
 			return nil
 		},
 	})
@@ -122,10 +139,21 @@ func TestWatchAppliesACKsAndNACKs(t *testing.T) {
 	m.publish(t, node, "1", quota("ai-gateway-quota", rlsconfv3.RateLimitUnit_HOUR, 1000))
 
 	applied := make(chan []*rlconfig.File, 4)
+	// The pause before a refusal is NACKed again, held until released.
+	waits, release := make(chan int, 4), make(chan struct{})
+	wait := func(ctx context.Context, repeat int) error {
+		waits <- repeat
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Watch(ctx, m.conn, Options{NodeID: node, NodeMetadata: map[string]string{"zone": "a"}}, func(fs []*rlconfig.File) error {
+		done <- Watch(ctx, m.conn, Options{NodeID: node, NodeMetadata: map[string]string{"zone": "a"}, wait: wait}, func(fs []*rlconfig.File) error {
 			applied <- fs
 			return nil
 		})
@@ -162,7 +190,30 @@ func TestWatchAppliesACKsAndNACKs(t *testing.T) {
 		t.Errorf("NACK %v: want version 1 kept and the invalid unit named", nack)
 	}
 
+	// The cache sends the refused snapshot again at once; the client
+	// pauses before its second NACK instead of spinning with it.
+	select {
+	case n := <-waits:
+		if n != 1 {
+			t.Errorf("paused before NACK %d of the refusal, want the first repeat", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the refused snapshot sent again was NACKed without a pause")
+	}
+	m.mu.Lock()
+	nacks := 0
+	for _, r := range m.requests {
+		if r.GetErrorDetail() != nil {
+			nacks++
+		}
+	}
+	m.mu.Unlock()
+	if nacks != 1 {
+		t.Errorf("%d NACKs before the pause ended, want 1", nacks)
+	}
+	// A configuration fixed during the pause is what the NACK fetches.
 	m.publish(t, node, "3", quota("ai-gateway-quota", rlsconfv3.RateLimitUnit_HOUR, 2000))
+	close(release)
 	check(2000)
 	m.waitRequest(t, "ACK of version 3", func(r *discoveryv3.DiscoveryRequest) bool {
 		return r.GetVersionInfo() == "3" && r.GetErrorDetail() == nil
