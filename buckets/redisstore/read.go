@@ -11,8 +11,8 @@ import (
 )
 
 // Reads in one call. On a standalone Redis a read of buckets and quotas
-// (Inspect: the rate-limit service's checks, the usage report) is TIME and
-// one MGET in one MULTI/EXEC (readPlain). As with the lanes of batch.go, a
+// (Inspect: the rate-limit service's checks, the usage report) is one MGET
+// and then TIME in one pipeline (readPlain). As with the lanes of batch.go, a
 // read that finds none in flight is sent at once; reads that arrive while
 // one is in flight queue up, and the next call takes them all: one MGET of
 // all their keys, at one instant of Redis's clock. Redis pays per call, so
@@ -41,7 +41,7 @@ const maxReadKeys = 1024
 // fetch reads keys with the reads queued beside them and returns their
 // values and the instant of the read. ctx has been detached from the
 // caller (see Store.start).
-func (s *Store) fetch(ctx context.Context, tp txPipeliner, keys []string) ([]any, float64, error) {
+func (s *Store) fetch(ctx context.Context, tp pipeliner, keys []string) ([]any, float64, error) {
 	rd := &read{keys: keys}
 	l := &s.reads
 	l.mu.Lock()
@@ -63,7 +63,7 @@ func (s *Store) fetch(ctx context.Context, tp txPipeliner, keys []string) ([]any
 // leadRead sends batch, tells its reads but own, and hands the next call
 // to the oldest queued read with the reads queued behind it, or ends the
 // lane's call.
-func (s *Store) leadRead(ctx context.Context, tp txPipeliner, batch []*read, own *read) {
+func (s *Store) leadRead(ctx context.Context, tp pipeliner, batch []*read, own *read) {
 	s.sendReads(ctx, tp, batch)
 	for _, rd := range batch {
 		if rd != own {
@@ -88,10 +88,13 @@ func (s *Store) leadRead(ctx context.Context, tp txPipeliner, batch []*read, own
 	next[0].wake <- next
 }
 
-// sendReads reads the keys of batch in one MULTI/EXEC: TIME (unless the
-// tests' script clock stands in for it) and one MGET. A read is safe to
-// repeat, so the client may send it again.
-func (s *Store) sendReads(ctx context.Context, tp txPipeliner, batch []*read) {
+// sendReads reads the keys of batch in one pipeline: one MGET, then TIME
+// (unless the tests' script clock stands in for it). Redis runs a
+// connection's commands in order, so the clock is read after the values:
+// every instant they were written at is at or before it, as in one
+// MULTI/EXEC, without the two commands and the queued replies MULTI costs
+// Redis. A read is safe to repeat, so the client may send it again.
+func (s *Store) sendReads(ctx context.Context, tp pipeliner, batch []*read) {
 	keys := batch[0].keys
 	if len(batch) > 1 {
 		keys = nil
@@ -99,12 +102,12 @@ func (s *Store) sendReads(ctx context.Context, tp txPipeliner, batch []*read) {
 			keys = append(keys, rd.keys...)
 		}
 	}
-	p := tp.TxPipeline()
+	p := tp.Pipeline()
+	vals := p.MGet(ctx, keys...)
 	var clock *redis.TimeCmd
 	if s.scriptNow == nil {
 		clock = p.Time(ctx)
 	}
-	vals := p.MGet(ctx, keys...)
 	_, err := p.Exec(ctx)
 	vs := vals.Val()
 	if err == nil && len(vs) != len(keys) {

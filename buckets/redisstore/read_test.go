@@ -16,7 +16,7 @@ import (
 )
 
 // TestQueuedReadsShareOneCall: reads that arrive while one is in flight go
-// together in the next call — one MULTI of TIME and one MGET for all — and
+// together in the next call — one pipeline of one MGET for all — and
 // each gets its own buckets' levels and quotas' spend.
 func TestQueuedReadsShareOneCall(t *testing.T) {
 	srv := redistest.Start(t)
@@ -93,6 +93,38 @@ func TestQueuedReadsShareOneCall(t *testing.T) {
 	defer st.reads.mu.Unlock()
 	if st.reads.busy || len(st.reads.queue) != 0 {
 		t.Errorf("lane busy %v with %d queued once every read is done", st.reads.busy, len(st.reads.queue))
+	}
+}
+
+// TestReadIsOnePipeline: a read on Redis's own clock is one MGET and then
+// TIME, without MULTI/EXEC, and brings the bucket up to that clock: after a
+// reserve of 40 of 100 tokens refilling 1,000 a second, a read a moment
+// later sees at least the 60 left and at most the capacity.
+func TestReadIsOnePipeline(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := New(c, Options{})
+	ctx := context.Background()
+	b := []buckets.Bucket{{Name: "b", Key: "pipelined", Limit: buckets.Limit{Capacity: 100, Rate: 1000}}}
+	if d, err := st.Reserve(ctx, buckets.Request{Cost: 40, Buckets: b}); err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v", d, err)
+	}
+	calls := func() [4]int {
+		return [4]int{commandCalls(t, c, "multi"), commandCalls(t, c, "exec"), commandCalls(t, c, "mget"), commandCalls(t, c, "time")}
+	}
+	before := calls()
+	states, _, err := st.Inspect(ctx, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := calls()
+	if after[0] != before[0] || after[1] != before[1] || after[2] != before[2]+1 || after[3] != before[3]+1 {
+		t.Errorf("a read ran MULTI %d, EXEC %d, MGET %d, TIME %d times; want 0, 0, 1, 1",
+			after[0]-before[0], after[1]-before[1], after[2]-before[2], after[3]-before[3])
+	}
+	if got := states[0].Remaining; got < 60-1e-6 || got > 100 {
+		t.Errorf("remaining %v after a reserve of 40 of 100, want between 60 and 100", got)
 	}
 }
 

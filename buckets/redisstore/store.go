@@ -1108,7 +1108,7 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 			keys = append(keys, s.quotaKey(qs[j].Key, spans[j].ID))
 			args = append(args, qs[j].Tag())
 		}
-		if tp, ok := s.c.(txPipeliner); ok && !s.cluster {
+		if tp, ok := s.c.(pipeliner); ok && !s.cluster {
 			if err := s.readPlain(ctx, tp, keys, g, bs, qs, obs, spent); err != nil {
 				return nil, nil, fmt.Errorf("redisstore: inspect: %w", err)
 			}
@@ -1144,21 +1144,21 @@ func (s *Store) Inspect(ctx context.Context, bs []buckets.Bucket, qs []buckets.Q
 	return states, quotas, nil
 }
 
-// txPipeliner is a client that sends commands in one MULTI/EXEC:
-// *redis.Client.
-type txPipeliner interface {
-	TxPipeline() redis.Pipeliner
+// pipeliner is a client that sends commands in one pipeline to one
+// server: *redis.Client.
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
 }
 
-// readPlain is inspectLua without a script, for a standalone Redis: TIME
-// and one MGET of group g's keys in one MULTI/EXEC, shared with the reads
-// queued beside it (read.go; one instant of Redis's clock, or the tests'
-// script clock; nothing written), each bucket brought up to that instant
+// readPlain is inspectLua without a script, for a standalone Redis: one
+// MGET of group g's keys and then TIME in one pipeline, shared with the
+// reads queued beside it (read.go; the clock read after the values, or the
+// tests' script clock; nothing written), each bucket brought up to that instant
 // here, as the script's get does, and each quota's spend read as the
 // script reads it. A read is safe to repeat, so go-redis may send it
 // again; a script costs Redis several times these two commands on a Redis
 // that sleeps between calls (docs/performance.md).
-func (s *Store) readPlain(ctx context.Context, tp txPipeliner, keys []string, g group, bs []buckets.Bucket, qs []buckets.Quota, obs []buckets.Observation, spent []float64) error {
+func (s *Store) readPlain(ctx context.Context, tp pipeliner, keys []string, g group, bs []buckets.Bucket, qs []buckets.Quota, obs []buckets.Observation, spent []float64) error {
 	vs, now, err := s.fetch(ctx, tp, keys)
 	if err != nil {
 		return err
