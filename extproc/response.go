@@ -271,10 +271,6 @@ func (p *processor) releaseOut() {
 	p.resp.outBuf, p.resp.out = nil, nil
 }
 
-// observe reads one complete event, counts its output and meters it against
-// the hard budgets. It returns true when the event must not be delivered
-// because a hard budget ran out (S14); the event is then counted (the
-// upstream generated it) but not forwarded.
 // observeChunk observes the events of a chunk, and at the end of the
 // stream what is left unframed, until one is over the budget: true when
 // the stream must be cut there. The events share the live counter's scratch
@@ -295,6 +291,10 @@ func (p *processor) observeChunk(eos bool) bool {
 	return false
 }
 
+// observe reads one complete event, counts its output and meters it against
+// the hard budgets. It returns true when the event must not be delivered
+// because a hard budget ran out (S14); the event is then counted (the
+// upstream generated it) but not forwarded.
 func (p *processor) observe(ev []byte) bool {
 	e, err := p.resp.stream.Observe(ev)
 	if err != nil {

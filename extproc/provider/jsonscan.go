@@ -12,9 +12,9 @@ import (
 // each event into maps would allocate per event on the hot path. The reader
 // walks the bytes in place instead: it skips the values it does not need
 // (package jsonscan) and returns offsets of the ones it does; strings are
-// read by package jsonstr, as request bodies are. Object keys are compared as raw bytes,
-// so a key spelled with escapes ("us\u0061ge") does not match; no provider
-// sends such keys.
+// read by package jsonstr, as request bodies are. Object keys are compared
+// as raw bytes, so a key spelled with escapes ("us\u0061ge") does not
+// match; no provider sends such keys.
 
 // syntaxError reports malformed JSON with the byte offset where it was found.
 type syntaxError struct {

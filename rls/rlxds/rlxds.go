@@ -79,8 +79,9 @@ func pause(ctx context.Context, repeat int) error {
 // resources do not decode, do not load, or that apply refuses is NACKed
 // with the reason, and apply is not called again until a later response
 // loads. The same refusal again in a row is NACKed after a pause
-// (nackPause), not at once. Watch returns when ctx ends or the stream fails, with the error;
-// the caller redials, with backoff (ratelimit waits 10s to 60s).
+// (nackPause), not at once. Watch returns when ctx ends or the stream
+// fails, with the error; the caller redials, with backoff (ratelimit waits
+// 10s to 60s).
 func Watch(ctx context.Context, conn grpc.ClientConnInterface, opts Options, apply func([]*rlconfig.File) error) error {
 	node := &corev3.Node{Id: opts.NodeID}
 	if node.Id == "" {
