@@ -1,8 +1,9 @@
 // Package jsonstr reads JSON strings (RFC 8259) in place, as encoding/json
 // reads them: Scan checks one and finds where it ends, Append decodes its
 // inside. It is the one string reader of package tokenizer (request
-// bodies) and package extproc/provider (answers and stream events); both
-// read their own structure around it.
+// bodies), package extproc/provider (answers and stream events), package
+// jsonscan and the request rewrite of package extproc; each reads its own
+// structure around it.
 //
 // Scan steps over the plain bytes of a string eight at a time (a word
 // tested for '"', '\\' and control bytes at once), and Append copies the
