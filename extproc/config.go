@@ -303,9 +303,10 @@ type liveCounter interface {
 	Write(delta string)
 	Tokens() int
 	// Hold and Release bracket the writes of one response chunk, which
-	// then share the counter's scratch space.
+	// then share the counter's scratch space; Release reports whether it
+	// gave any back.
 	Hold()
-	Release()
+	Release() bool
 }
 
 // The policy types are the admission core's, shared with the rate-limit

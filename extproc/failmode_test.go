@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,33 @@ func TestFailClosedExtendErrorCutsStream(t *testing.T) {
 	}
 	if o := r.outcome(t); !o.CutOff {
 		t.Errorf("outcome %+v, want cut off", o)
+	}
+}
+
+// A hard budget's extension is a store call, which can wait as long as the
+// store timeout: the stream gives the live counter's scratch space back
+// for it, and holds none once its chunk is read.
+func TestExtendHoldsNoCounterScratch(t *testing.T) {
+	u := &upstream{Chunks: [][]byte{streamOf(words(30)...)}}
+	r := newRig(t, u, rigOptions{policies: []Policy{hardPolicy()}})
+	var extends, heldDuring atomic.Int64
+	r.store.onExtend = func() {
+		extends.Add(1)
+		heldDuring.Add(r.counter.held.Load())
+	}
+	_, got := r.post(t, chatPath, `{"model":"m","stream":true,"max_tokens":5,"messages":[]}`, nil)
+	if n := strings.Count(got, `" w"`); n != 30 {
+		t.Errorf("client got %d content events, want all 30 (the budget extends)", n)
+	}
+	r.outcome(t)
+	if extends.Load() == 0 {
+		t.Fatal("the stream past its reservation made no extension")
+	}
+	if h := heldDuring.Load(); h != 0 {
+		t.Errorf("live counts held scratch space %d times during an extension, want never", h)
+	}
+	if h := r.counter.held.Load(); h != 0 {
+		t.Errorf("%d live counts hold scratch space after the stream, want 0", h)
 	}
 }
 

@@ -39,6 +39,9 @@ type fakeCounter struct {
 
 	mu       sync.Mutex
 	observed []int
+	// held is how many live counts hold scratch space (Hold without
+	// Release).
+	held atomic.Int64
 }
 
 var _ tokenCounter = (*fakeCounter)(nil)
@@ -91,7 +94,7 @@ func (f *fakeCounter) Count(r tokenizer.Request) (tokenizer.Count, error) {
 	return c, nil
 }
 
-func (f *fakeCounter) NewLive(string) liveCounter { return &deltaCount{} }
+func (f *fakeCounter) NewLive(string) liveCounter { return &deltaCount{held: &f.held} }
 
 func (f *fakeCounter) Observe(_ string, c tokenizer.Count, n int) {
 	f.mu.Lock()
@@ -99,8 +102,13 @@ func (f *fakeCounter) Observe(_ string, c tokenizer.Count, n int) {
 	f.observed = append(f.observed, n/max(1, c.Choices)) // as the estimator learns it
 }
 
-// deltaCount counts one token per non-empty delta.
-type deltaCount struct{ n int }
+// deltaCount counts one token per non-empty delta, and its Hold and
+// Release in its counter's count of streams holding scratch space.
+type deltaCount struct {
+	n       int
+	held    *atomic.Int64
+	holding bool
+}
 
 func (d *deltaCount) Write(s string) {
 	if s != "" {
@@ -108,8 +116,20 @@ func (d *deltaCount) Write(s string) {
 	}
 }
 func (d *deltaCount) Tokens() int { return d.n }
-func (d *deltaCount) Hold()       {}
-func (d *deltaCount) Release()    {}
+func (d *deltaCount) Hold() {
+	if !d.holding {
+		d.holding = true
+		d.held.Add(1)
+	}
+}
+func (d *deltaCount) Release() bool {
+	if !d.holding {
+		return false
+	}
+	d.holding = false
+	d.held.Add(-1)
+	return true
+}
 
 // recordingStore is the real memory store, recording what was reserved and
 // settled, so tests assert the amounts charged.
@@ -126,6 +146,8 @@ type recordingStore struct {
 	errs        []error
 	// failExtend makes every Extend fail as an unreachable store does.
 	failExtend atomic.Bool
+	// onExtend, when set, runs at the start of every Extend.
+	onExtend func()
 	paused     map[string]time.Time
 	renewals   int
 	fail       atomic.Bool
@@ -175,6 +197,9 @@ func (s *recordingStore) Reserve(ctx context.Context, req buckets.Request) (buck
 }
 
 func (s *recordingStore) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
+	if s.onExtend != nil {
+		s.onExtend()
+	}
 	s.mu.Lock()
 	if len(s.settled[r.ID]) > 0 {
 		s.lateExtends++

@@ -366,6 +366,12 @@ func (p *processor) overBudget(n int) bool {
 	if p.st.settled {
 		return true
 	}
+	// A store call can wait up to StoreTimeout: the live counter's scratch
+	// space goes back meanwhile, or every stream waiting on a slow store
+	// would keep one from the others.
+	if p.resp.live.Release() {
+		defer p.resp.live.Hold()
+	}
 	ctx, cancel := p.storeCtx(p.s.cfg.StoreTimeout)
 	defer cancel()
 	need := n - p.req.allowance - p.st.extended

@@ -57,12 +57,15 @@ func (s *Stream) Hold() {
 	}
 }
 
-// Release gives back what Hold borrowed; without a Hold it does nothing.
-func (s *Stream) Release() {
-	if s.held != nil {
-		s.c.putWorker(s.held)
-		s.held = nil
+// Release gives back what Hold borrowed, and reports whether it held
+// anything; without a Hold it does nothing.
+func (s *Stream) Release() bool {
+	if s.held == nil {
+		return false
 	}
+	s.c.putWorker(s.held)
+	s.held = nil
+	return true
 }
 
 // Write counts a text delta as decoded from the provider's JSON.
