@@ -148,9 +148,9 @@ type recordingStore struct {
 	failExtend atomic.Bool
 	// onExtend, when set, runs at the start of every Extend.
 	onExtend func()
-	paused     map[string]time.Time
-	renewals   int
-	fail       atomic.Bool
+	paused   map[string]time.Time
+	renewals int
+	fail     atomic.Bool
 }
 
 // Renew implements buckets.Renewer when the inner store does, counting calls.
