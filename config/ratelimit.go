@@ -48,6 +48,11 @@ type RatelimitXDS struct {
 	KeyFile  string `yaml:"key_file"`
 	// Insecure dials in plaintext, as AI Gateway's :18002 serves.
 	Insecure bool `yaml:"insecure"`
+	// MaxMessageBytes is the largest snapshot the client takes
+	// (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES); 0 is gRPC's 4 MiB. A larger one
+	// ends the stream with gRPC's error, and the configuration in force
+	// keeps serving.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
 }
 
 // importRatelimit reads c.Ratelimit's files and adds what they import to c,
@@ -120,6 +125,9 @@ func (v *validator) validateRatelimitXDS(x *RatelimitXDS) {
 		v.add(join(p, "address"), "is required (the xDS management server's host:port, e.g. envoy-gateway:18001)")
 	} else if err := hostPort(x.Address); err != nil {
 		v.add(join(p, "address"), "%v", err)
+	}
+	if x.MaxMessageBytes < 0 {
+		v.add(join(p, "max_message_bytes"), "is %d: want 0 (gRPC's 4 MiB) or more bytes", x.MaxMessageBytes)
 	}
 	if x.Insecure {
 		for _, f := range []struct{ key, val string }{{"server_name", x.ServerName}, {"ca_file", x.CAFile}, {"cert_file", x.CertFile}, {"key_file", x.KeyFile}} {

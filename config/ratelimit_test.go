@@ -88,6 +88,7 @@ func TestRatelimitXDSProblems(t *testing.T) {
 		"unreadable ca":   {"{address: 'envoy-gateway:18001', ca_file: nope.crt}", "ratelimit.xds.ca_file: open"},
 		"insecure and ca": {"{address: ':18002', insecure: true, ca_file: tls.crt}", "ratelimit.xds.insecure: contradicts ratelimit.xds.ca_file"},
 		"metadata list":   {"{address: ':18002', insecure: true, node_metadata: [a]}", "ratelimit.xds.node_metadata"},
+		"negative size":   {"{address: ':18002', insecure: true, max_message_bytes: -1}", "ratelimit.xds.max_message_bytes: is -1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := writeFiles(t, map[string]string{"tokengate.yaml": "ratelimit:\n  xds: " + tt.xds + "\n", "tls.crt": "x"})

@@ -381,6 +381,14 @@ func (m *envMapper) xds() yamlMap {
 	if hostPort(x["address"].(string)) != nil {
 		m.fail("CONFIG_GRPC_XDS_SERVER_URL: want host:port")
 	}
+	if v := m.str("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", ""); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			m.fail("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: want a number of bytes")
+		} else {
+			x["max_message_bytes"] = n
+		}
+	}
 	if md := m.str("CONFIG_GRPC_XDS_NODE_METADATA", ""); md != "" {
 		meta := map[string]string{}
 		for _, kv := range strings.Split(md, ",") {

@@ -42,7 +42,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 	aigw := map[string]string{ // §5.2-§5.3: plaintext gRPC and xDS
 		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-ai-gateway-controller:18002",
 		"CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit", "CONFIG_GRPC_XDS_NODE_METADATA": "cluster=ai,zone:a",
-		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true",
+		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16777216",
 		"TOKENGATE_DEFERRED_CHARGES": "envoy-ai-gateway, other ,",
 	}
 	file := map[string]string{
@@ -86,7 +86,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 				t.Errorf("store %q", c.Store.Type)
 			}
 			x := c.Ratelimit.XDS
-			if !x.Insecure || x.NodeID != "envoy-ai-gateway-ratelimit" || x.NodeMetadata["cluster"] != "ai" || x.NodeMetadata["zone"] != "a" {
+			if !x.Insecure || x.NodeID != "envoy-ai-gateway-ratelimit" || x.NodeMetadata["cluster"] != "ai" || x.NodeMetadata["zone"] != "a" || x.MaxMessageBytes != 16<<20 {
 				t.Errorf("xds %+v", x)
 			}
 			if c.RLS == nil || !c.RLS.ShadowMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) {
@@ -160,6 +160,7 @@ func TestFromRatelimitEnvRefuses(t *testing.T) {
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "yes please"}, "GRPC_SERVER_USE_TLS: want true or false"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT: is required"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16MB"}, "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: want a number of bytes"},
 		{map[string]string{"RUNTIME_ROOT": root}, "holds no .yaml or .yml file"},
 		{map[string]string{"RUNTIME_ROOT": filepath.Join(root, "missing")}, "no such file"},
 	} {

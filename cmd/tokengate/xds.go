@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/rls/rlconfig"
@@ -52,7 +54,11 @@ func runXDS(ctx context.Context, x *config.RatelimitXDS, merge bool, creds crede
 	delay := xdsRetryFirst
 	for {
 		applied := false
-		conn, err := grpc.NewClient(x.Address, grpc.WithTransportCredentials(creds))
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+		if x.MaxMessageBytes > 0 {
+			dial = append(dial, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(x.MaxMessageBytes)))
+		}
+		conn, err := grpc.NewClient(x.Address, dial...)
 		if err == nil {
 			err = rlxds.Watch(ctx, conn, opts, func(files []*rlconfig.File) error {
 				if err := p.applyXDS(files); err != nil {
@@ -70,6 +76,10 @@ func runXDS(ctx context.Context, x *config.RatelimitXDS, merge bool, creds crede
 		}
 		if applied {
 			delay = xdsRetryFirst
+		}
+		if status.Code(err) == codes.ResourceExhausted {
+			log.Error("xDS snapshot larger than the client takes: raise ratelimit.xds.max_message_bytes (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES); the configuration in force keeps serving",
+				"max_message_bytes", x.MaxMessageBytes, "err", err.Error())
 		}
 		log.Warn("xDS stream ended; redialling", "err", err.Error(), "after", delay.String())
 		if !wait(ctx, delay) {

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tokengate/tokengate/config"
@@ -301,6 +302,34 @@ func TestRLSScenario35XDSClients(t *testing.T) {
 		m2 := startXDSServer(t, m.addr, nil, m.cache)
 		m2.publish(t, node, "4", perUser("ai", rlsconfv3.RateLimitUnit_MINUTE, 7))
 		c.limitIs(t, "ai", 7)
+	})
+
+	// A snapshot past gRPC's 4 MiB (a controller with many routes) needs
+	// max_message_bytes, as ratelimit's XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES;
+	// without it the log says which setting to raise.
+	t.Run("a snapshot past 4 MiB", func(t *testing.T) {
+		const node = "envoy-ratelimit"
+		big := perUser("big", rlsconfv3.RateLimitUnit_MINUTE, 2)
+		pad := strings.Repeat("p", 10<<10)
+		for i := range 450 {
+			big.Descriptors = append(big.Descriptors, &rlsconfv3.RateLimitDescriptor{Key: "route", Value: fmt.Sprintf("%s%d", pad, i),
+				RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_MINUTE, RequestsPerUnit: 9}})
+		}
+		if n := proto.Size(big); n <= 4<<20 {
+			t.Fatalf("the snapshot is %d bytes, want one past gRPC's 4 MiB", n)
+		}
+		for _, max := range []int{0, 8 << 20} {
+			m := startXDSServer(t, "127.0.0.1:0", nil, nil)
+			m.publish(t, node, "1", big)
+			path := filepath.Join(t.TempDir(), "tokengate.yaml")
+			replace(t, path, []byte(fmt.Sprintf("store: {type: memory}\nratelimit:\n  xds: {address: %q, node_id: %s, insecure: true, max_message_bytes: %d}\n", m.addr, node, max)))
+			s, w := serveReloading(t, path, make(chan os.Signal, 1))
+			if max == 0 {
+				w.has(t, "raise ratelimit.xds.max_message_bytes", "received message larger than max")
+				continue
+			}
+			newRLSCaller(t, s.grpc).limitIs(t, "big", 2)
+		}
 	})
 
 	t.Run("Envoy Gateway, mTLS", func(t *testing.T) {
