@@ -189,6 +189,9 @@ func (m *envMapper) build() yamlMap {
 		doc["ratelimit"] = rl
 	}
 	rls := yamlMap{}
+	if m.bool("QUOTA_MODE", false) {
+		rls["quota_mode"] = true
+	}
 	if m.bool("SHADOW_MODE", false) {
 		rls["shadow_mode"] = true
 	}

@@ -42,7 +42,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 	aigw := map[string]string{ // §5.2-§5.3: plaintext gRPC and xDS
 		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-ai-gateway-controller:18002",
 		"CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit", "CONFIG_GRPC_XDS_NODE_METADATA": "cluster=ai,zone:a",
-		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16777216",
+		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true", "QUOTA_MODE": "true", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16777216",
 		"TOKENGATE_DEFERRED_CHARGES": "envoy-ai-gateway, other ,",
 	}
 	file := map[string]string{
@@ -89,7 +89,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if !x.Insecure || x.NodeID != "envoy-ai-gateway-ratelimit" || x.NodeMetadata["cluster"] != "ai" || x.NodeMetadata["zone"] != "a" || x.MaxMessageBytes != 16<<20 {
 				t.Errorf("xds %+v", x)
 			}
-			if c.RLS == nil || !c.RLS.ShadowMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) {
+			if c.RLS == nil || !c.RLS.ShadowMode || !c.RLS.QuotaMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) {
 				t.Errorf("rls %+v", c.RLS)
 			}
 		}, []string{"REDIS_URL is unset", "verifies no client certificate"}},

@@ -29,6 +29,10 @@ type RLS struct {
 	// ShadowMode answers every call OK, whatever its statuses say, as
 	// ratelimit's SHADOW_MODE does (§3.5): hits are counted as usual.
 	ShadowMode bool `yaml:"shadow_mode"`
+	// QuotaMode puts every descriptor but the unlimited in quota mode, as
+	// ratelimit's QUOTA_MODE does (§3.4): a call is over the limit only
+	// when all of them are.
+	QuotaMode bool `yaml:"quota_mode"`
 	// DeferredCharges are the domains whose hits (a call of descriptors that
 	// all carry hits other than 0) come only from Envoy's stream-done call
 	// (apply_on_stream_done: AI Gateway's and Envoy Gateway's response

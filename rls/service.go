@@ -115,7 +115,8 @@ type mapping struct {
 	cfg      *config.Config
 	policies admission.Policies
 	byName   map[string]*config.Policy
-	shadow   bool
+	// shadow and quota are the service's shadow and quota mode (rls:).
+	shadow, quota bool
 }
 
 // Service implements envoy.service.ratelimit.v3.RateLimitService on the
@@ -176,7 +177,7 @@ func (s *Service) Load(m Mapping) error {
 		}
 	}
 	if m.Config.RLS != nil {
-		lm.shadow = m.Config.RLS.ShadowMode
+		lm.shadow, lm.quota = m.Config.RLS.ShadowMode, m.Config.RLS.QuotaMode
 	}
 	s.live.Store(lm)
 	return nil
@@ -302,7 +303,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				st.Code, st.LimitRemaining, res.Shadow = okCode, 0, true
 			}
 		}
-		quota := p.modes() != nil && p.modes().QuotaMode
+		// As ratelimit counts them: the service's quota mode takes in
+		// every descriptor but the unlimited, those without a limit too.
+		quota := m.quota && p.kind != KindUnlimited || p.modes() != nil && p.modes().QuotaMode
 		if quota {
 			quotaMode++
 		}

@@ -310,6 +310,23 @@ func TestQuotaAndShadowMode(t *testing.T) {
 			t.Errorf("global shadow mode added %v", got.GetResponseHeadersToAdd())
 		}
 	})
+	// ratelimit's QUOTA_MODE (§3.4): every descriptor but the unlimited is
+	// a quota one, those that meet no limit too; over only when all are.
+	t.Run("global quota", func(t *testing.T) {
+		r := newRig(t, buckets.NewMemory(buckets.MemoryOptions{}), mappingYAML+"  quota_mode: true\n")
+		got := r.call(t, hits(desc("user", "gus"), 11), desc("nothing", "x"))
+		if got.GetOverallCode() != ok || got.Statuses[0].GetCode() != over {
+			t.Errorf("one descriptor over beside one without a limit: %v, want overall OK, its status over", got)
+		}
+		got = r.call(t, hits(desc("user", "hal"), 11), desc("health", "probe"))
+		if got.GetOverallCode() != over {
+			t.Errorf("one descriptor over beside an unlimited one: %v, want OVER_LIMIT (the unlimited is no quota descriptor)", got)
+		}
+		got = r.call(t, hits(desc("user", "ivy"), 11), hits(desc("user", "jo"), 11))
+		if got.GetOverallCode() != over {
+			t.Errorf("every descriptor over: %v, want OVER_LIMIT", got)
+		}
+	})
 }
 
 // TestLimitsWithoutBuckets: unlimited, deny, replaces, unknown domains and
