@@ -38,6 +38,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": ca, "FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis-system.svc.cluster.local:6379",
 		"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
+		"REDIS_TIMEOUT": "5s", "RESPONSE_DYNAMIC_METADATA": "true",
 	}
 	aigw := map[string]string{ // §5.2-§5.3: plaintext gRPC and xDS
 		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-ai-gateway-controller:18002",
@@ -76,7 +77,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if c.AdminAPI.TokenEnv != "" {
 				t.Errorf("admin API on: %q", c.AdminAPI.TokenEnv)
 			}
-		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML"}},
+		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT", "RESPONSE_DYNAMIC_METADATA"}},
 		{"ai gateway", aigw, "debug", func(t *testing.T, c *Config) {
 			l := c.Listeners
 			if l.GRPC != "0.0.0.0:8081" || l.GRPCTLS != nil || !l.Insecure {
