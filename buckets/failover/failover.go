@@ -182,6 +182,9 @@ type Store struct {
 	pending   []pendingOp // writes the primary missed, oldest first
 	replaying bool
 	replayed  chan struct{} // closed when the running replay ends
+	// inflight is set while the replay applies a write it took from
+	// pending: the write is not on the primary yet, and Pending counts it.
+	inflight bool
 
 	gateways atomic.Int64 // alive at the last heartbeat, see Fleet
 
@@ -330,10 +333,14 @@ func (s *Store) queue(p pendingOp) {
 	s.state()
 }
 
-// Pending is the number of writes waiting for replay on the primary.
+// Pending is the number of writes the primary missed and does not have
+// yet: those waiting for replay and the one being replayed.
 func (s *Store) Pending() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.inflight {
+		return len(s.pending) + 1
+	}
 	return len(s.pending)
 }
 
@@ -388,6 +395,7 @@ func (s *Store) replay(ctx context.Context) bool {
 		}
 		p := s.pending[0]
 		s.pending = s.pending[1:]
+		s.inflight = true
 		s.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := s.replayOne(cctx, p)
@@ -398,9 +406,13 @@ func (s *Store) replay(ctx context.Context) bool {
 			s.failed(context.Background(), err)
 			s.mu.Lock()
 			s.pending = append([]pendingOp{p}, s.pending...)
+			s.inflight = false
 			s.mu.Unlock()
 			return false
 		}
+		s.mu.Lock()
+		s.inflight = false
+		s.mu.Unlock()
 		if err != nil {
 			s.opts.Logger.Warn("a write missed during the outage could not be replayed", "kind", string(p.Kind), "err", err)
 		}

@@ -179,6 +179,67 @@ func TestMissedSettlementReplayed(t *testing.T) {
 	}
 }
 
+// slowReplay is a primary whose Replay waits for release once it has
+// said on entered that it began.
+type slowReplay struct {
+	*flaky
+	entered, release chan struct{}
+}
+
+func (p slowReplay) Replay(ctx context.Context, r *buckets.Reservation, actual float64, sent bool) ([]buckets.BucketState, error) {
+	p.entered <- struct{}{}
+	<-p.release
+	return p.flaky.Replay(ctx, r, actual, sent)
+}
+
+// A write being replayed is still pending until the primary has it: a
+// caller that waits for Pending to reach 0 then sees the replay applied.
+func TestPendingCountsTheWriteBeingReplayed(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	f := &flaky{Memory: buckets.NewMemory(buckets.MemoryOptions{Now: c.now})}
+	p := slowReplay{flaky: f, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s := New(p, Options{Mode: Closed, Fallback: buckets.Limit{Capacity: 10, Rate: 1}, Backoff: time.Second, Now: c.now})
+	ctx := context.Background()
+	d, err := s.Reserve(ctx, req("r", 50))
+	if err != nil || !d.OK {
+		t.Fatal(d, err)
+	}
+	f.down = true
+	if _, err := s.Settle(ctx, d.Reservation, 10); !errors.Is(err, buckets.ErrStore) {
+		t.Fatalf("Settle during outage = %v, want ErrStore", err)
+	}
+	f.down = false
+	c.t = c.t.Add(2 * time.Second)
+	if _, err := s.Reserve(ctx, req("probe", 0.5)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the replay did not start")
+	}
+	if n := s.Pending(); n != 1 {
+		t.Errorf("Pending() = %d while the write is being replayed, want 1", n)
+	}
+	close(p.release)
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Pending() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the replay did not end within 5s")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+	// Pending is 0 only once the primary has the refund: 100 - 50 - 0.5
+	// + 40 + 2 s of refill.
+	st, _, err := s.Inspect(ctx, req("x", 0).Buckets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st[0].Remaining; got != 91.5 {
+		t.Errorf("remaining %v once Pending is 0, want 91.5: the refund applied", got)
+	}
+}
+
 // callerBound is a primary store that answers a call whose context has
 // ended as a network client does: an error wrapping both ErrStore and the
 // context's error.
