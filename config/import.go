@@ -43,9 +43,10 @@ const IdentityOfDescriptors = "descriptor"
 //   - ratelimit keeps a counter per value of an entry without value, and
 //     of a wildcard entry without share_threshold: those entries carry the
 //     policy's identity, and a bucket below them is per that identity;
-//   - shadow_mode, quota_mode, name and replaces stay on their node;
-//     detailed_metric, value_to_metric and metadata are left out (noted in
-//     the YAML), tokengate labelling metrics by rule names.
+//   - shadow_mode, quota_mode, name, replaces and metadata (of a limit:
+//     ratelimit answers none for other descriptors) stay on their node;
+//     detailed_metric and value_to_metric are left out (noted in the YAML),
+//     tokengate labelling metrics by rule names.
 func ImportRatelimit(files []*rlconfig.File, opts rlconfig.Options) (*Import, error) {
 	if _, err := rlconfig.Load(files, opts); err != nil {
 		return nil, err
@@ -148,18 +149,15 @@ func (c *converter) descriptors(ds []rlconfig.Descriptor, path string, base int,
 		if varies(d) {
 			n.Identity = c.identity
 		}
-		var dropped []string
+		var notes, dropped []string
 		if d.DetailedMetric {
 			dropped = append(dropped, "detailed_metric")
 		}
 		if d.ValueToMetric {
 			dropped = append(dropped, "value_to_metric")
 		}
-		if d.Metadata != nil {
-			dropped = append(dropped, "metadata")
-		}
 		if len(dropped) > 0 {
-			c.im.notes[field] = "ratelimit's " + strings.Join(dropped, ", ") + " left out: tokengate labels metrics by rule names and adds no descriptor metadata"
+			notes = append(notes, "ratelimit's "+strings.Join(dropped, ", ")+" left out: tokengate labels metrics by rule names")
 		}
 		if rl := d.RateLimit; rl != nil {
 			n.Name, n.Replaces = rl.Name, rl.Replaces
@@ -168,13 +166,25 @@ func (c *converter) descriptors(ds []rlconfig.Descriptor, path string, base int,
 				n.Unlimited = true
 			case rl.RequestsPerUnit == 0:
 				n.Deny = true
-				c.im.notes[field] = "ratelimit: 0 per " + strings.ToLower(rl.Unit) + ", every hit over the limit"
+				notes = append(notes, "ratelimit: 0 per "+strings.ToLower(rl.Unit)+", every hit over the limit")
 			default:
 				c.limit(&n, d, rl, field, composites, v)
 			}
 			if !n.Unlimited {
 				n.ShadowMode, n.QuotaMode = d.ShadowMode, d.QuotaMode
 			}
+		}
+		// ratelimit answers the metadata of a limit it checked, never of a
+		// descriptor without rate_limit or an unlimited one.
+		if d.Metadata != nil {
+			if n.Policy != "" || n.Deny {
+				n.Metadata = NewRLSMetadata(d.Metadata)
+			} else {
+				notes = append(notes, "ratelimit's metadata left out: ratelimit answers none for a descriptor without a limit, or an unlimited one")
+			}
+		}
+		if len(notes) > 0 {
+			c.im.notes[field] = strings.Join(notes, "; ")
 		}
 		n.Descriptors = c.descriptors(d.Descriptors, field, 0, composites, v)
 		out = append(out, n)
@@ -311,7 +321,11 @@ func (im *Import) YAML() ([]byte, error) {
 	for i, d := range im.RLS.Domains {
 		dm := mapping()
 		add(dm, "domain", scalar(d.Domain))
-		add(dm, "descriptors", im.descriptorsYAML(d.Descriptors, fmt.Sprintf("rls.domains[%d]", i)))
+		ds, err := im.descriptorsYAML(d.Descriptors, fmt.Sprintf("rls.domains[%d]", i))
+		if err != nil {
+			return nil, err
+		}
+		add(dm, "descriptors", ds)
 		doms.Content = append(doms.Content, dm)
 	}
 	rls := mapping()
@@ -329,7 +343,7 @@ func (im *Import) YAML() ([]byte, error) {
 	return []byte(b.String()), nil
 }
 
-func (im *Import) descriptorsYAML(ds []RLSDescriptor, path string) *yaml.Node {
+func (im *Import) descriptorsYAML(ds []RLSDescriptor, path string) (*yaml.Node, error) {
 	seq := sequence()
 	for i := range ds {
 		d := &ds[i]
@@ -370,13 +384,24 @@ func (im *Import) descriptorsYAML(ds []RLSDescriptor, path string) *yaml.Node {
 			}
 			add(m, "replaces", rs)
 		}
+		if s := d.Metadata.Struct(); s != nil {
+			md := &yaml.Node{}
+			if err := md.Encode(s.AsMap()); err != nil {
+				return nil, fmt.Errorf("%s.metadata: %w", field, err)
+			}
+			add(m, "metadata", md)
+		}
 		if len(d.Descriptors) > 0 {
-			add(m, "descriptors", im.descriptorsYAML(d.Descriptors, field))
+			sub, err := im.descriptorsYAML(d.Descriptors, field)
+			if err != nil {
+				return nil, err
+			}
+			add(m, "descriptors", sub)
 		}
 		m.HeadComment = im.notes[field]
 		seq.Content = append(seq.Content, m)
 	}
-	return seq
+	return seq, nil
 }
 
 func mapping() *yaml.Node  { return &yaml.Node{Kind: yaml.MappingNode} }

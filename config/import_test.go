@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"flag"
 	"math"
 	"os"
@@ -313,5 +314,70 @@ func TestImportRatelimitFromXDS(t *testing.T) {
 	}
 	if id, ok := m.Identity(bs[0].Per); !ok || id != "tenant-a" {
 		t.Errorf("identity %q (%v), want tenant-a", id, ok)
+	}
+}
+
+// ratelimit's metadata stays on a limit's node, a deny's included
+// (ratelimit answers it for a check), and is left out, with a note, where
+// ratelimit never answers it: a descriptor without rate_limit, an
+// unlimited one. The printed configuration holds it as it was.
+func TestImportRatelimitMetadata(t *testing.T) {
+	f, err := rlconfig.Parse("md.yaml", []byte(`domain: md
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    metadata: {service: {name: svc, weight: 3}}
+  - key: free
+    rate_limit: {unlimited: true}
+    metadata: {tier: free}
+  - key: path
+    metadata: {tier: none}
+  - key: banned
+    rate_limit: {unit: minute, requests_per_unit: 0}
+    metadata: {reason: abuse}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := ImportRatelimit([]*rlconfig.File{f}, rlconfig.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := im.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"ratelimit's metadata left out: ratelimit answers none for a descriptor without a limit, or an unlimited one\n        - key: free",
+		"ratelimit's metadata left out: ratelimit answers none for a descriptor without a limit, or an unlimited one\n        - key: path",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the import lacks %q:\n%s", want, out)
+		}
+	}
+	c, err := Parse("md.yaml", out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, tt := range []struct{ key, want string }{
+		{"user", `{"service":{"name":"svc","weight":3}}`},
+		{"banned", `{"reason":"abuse"}`},
+		{"free", ""},
+		{"path", "no limit"},
+	} {
+		m, _, ok := c.MatchRLS("md", descriptor(tt.key, "x"))
+		var got string
+		if !ok {
+			got = "no limit"
+		} else if s := m.Descriptor().Metadata.Struct(); s != nil {
+			b, err := json.Marshal(s.AsMap())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = string(b)
+		}
+		if got != tt.want {
+			t.Errorf("%s: metadata %s, want %s", tt.key, got, tt.want)
+		}
 	}
 }

@@ -54,10 +54,6 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "there is no local over-limit cache"},
 	{"NEAR_LIMIT_RATIO", "there are no near-limit statistics"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "hits over the limit are counted as ratelimit counts them by default"},
-	{"LIMIT_RESPONSE_HEADERS_ENABLED", "the service sets no response headers; Envoy builds X-RateLimit headers itself"},
-	{"LIMIT_LIMIT_HEADER", "the service sets no response headers"},
-	{"LIMIT_REMAINING_HEADER", "the service sets no response headers"},
-	{"LIMIT_RESET_HEADER", "the service sets no response headers"},
 	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "/healthcheck answers as /readyz: 500 while the store is unreachable (on_failure: closed), with or without a domain"},
 	{"REDIS_PIPELINE_WINDOW", "the Redis client pipelines as it does"},
 	{"REDIS_PIPELINE_LIMIT", "the Redis client pipelines as it does"},
@@ -105,7 +101,6 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "every limit is counted in REDIS_URL's Redis"},
 	{"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "every limit is counted in REDIS_URL's Redis"},
 	{"REDIS_PERSECOND_SENTINEL_AUTH", "every limit is counted in REDIS_URL's Redis"},
-	{"RESPONSE_DYNAMIC_METADATA", "the service returns no dynamic metadata"},
 }
 
 // FromRatelimitEnv maps envoyproxy/ratelimit's environment
@@ -215,6 +210,12 @@ func (m *envMapper) build() yamlMap {
 	if m.bool("SHADOW_MODE", false) {
 		rls["shadow_mode"] = true
 	}
+	if m.bool("RESPONSE_DYNAMIC_METADATA", false) {
+		rls["response_dynamic_metadata"] = true
+	}
+	if h := m.limitHeaders(); h != nil {
+		rls["limit_response_headers"] = h
+	}
 	// tokengate's own: ratelimit answers every call when it has counted it.
 	if v := m.str("TOKENGATE_DEFERRED_CHARGES", ""); v != "" {
 		var domains []string
@@ -229,6 +230,43 @@ func (m *envMapper) build() yamlMap {
 		doc["rls"] = rls
 	}
 	return doc
+}
+
+// limitHeaders maps LIMIT_RESPONSE_HEADERS_ENABLED, LIMIT_LIMIT_HEADER,
+// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER onto
+// rls.limit_response_headers; nil when the first is not true. A name that
+// cannot be a header is an error naming its variable.
+func (m *envMapper) limitHeaders() yamlMap {
+	var h RLSLimitHeaders
+	vars := []struct {
+		env, field string
+		name       *string
+	}{
+		{"LIMIT_LIMIT_HEADER", "limit_header", &h.LimitHeader},
+		{"LIMIT_REMAINING_HEADER", "remaining_header", &h.RemainingHeader},
+		{"LIMIT_RESET_HEADER", "reset_header", &h.ResetHeader},
+	}
+	if !m.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
+		for _, v := range vars {
+			if m.get(v.env) != "" {
+				m.warn("%s is set but LIMIT_RESPONSE_HEADERS_ENABLED is not true: no RateLimit headers are added", v.env)
+			}
+		}
+		return nil
+	}
+	out := yamlMap{"enabled": true}
+	env := map[string]string{}
+	for _, v := range vars {
+		env[v.field] = v.env
+		if s := m.str(v.env, ""); s != "" {
+			*v.name = s
+			out[v.field] = s
+		}
+	}
+	for _, p := range h.problems(func(f string) string { return env[f] }) {
+		m.fail("%s: %s", env[p.field], p.msg)
+	}
+	return out
 }
 
 // logLevel maps logrus's levels, which ratelimit reads, onto slog's.

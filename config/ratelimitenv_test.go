@@ -44,13 +44,15 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-ai-gateway-controller:18002",
 		"CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit", "CONFIG_GRPC_XDS_NODE_METADATA": "cluster=ai,zone:a",
 		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true", "QUOTA_MODE": "true", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16777216",
-		"TOKENGATE_DEFERRED_CHARGES": "envoy-ai-gateway, other ,",
+		"TOKENGATE_DEFERRED_CHARGES":     "envoy-ai-gateway, other ,",
+		"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-RateLimit-Left",
 	}
 	file := map[string]string{
 		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true",
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "cluster", "REDIS_URL": "r1:6379, r2:6379", "REDIS_AUTH": "s3cret",
 		"REDIS_TLS": "true", "REDIS_TLS_CLIENT_CERT": crt, "REDIS_TLS_CLIENT_KEY": key, "REDIS_TLS_CACERT": ca,
 		"MERGE_DOMAIN_CONFIG": "true", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "9081", "HOST": "127.0.0.1", "PORT": "9080",
+		"LIMIT_RESET_HEADER": "X-Reset-In", "RESPONSE_DYNAMIC_METADATA": "false",
 	}
 	for _, tc := range []struct {
 		name  string
@@ -77,7 +79,10 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if c.AdminAPI.TokenEnv != "" {
 				t.Errorf("admin API on: %q", c.AdminAPI.TokenEnv)
 			}
-		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT", "RESPONSE_DYNAMIC_METADATA"}},
+			if c.RLS == nil || !c.RLS.ResponseDynamicMetadata || c.RLS.LimitResponseHeaders.Enabled {
+				t.Errorf("rls %+v: want response_dynamic_metadata (RESPONSE_DYNAMIC_METADATA), no limit headers", c.RLS)
+			}
+		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT"}},
 		{"ai gateway", aigw, "debug", func(t *testing.T, c *Config) {
 			l := c.Listeners
 			if l.GRPC != "0.0.0.0:8081" || l.GRPCTLS != nil || !l.Insecure {
@@ -90,8 +95,12 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if !x.Insecure || x.NodeID != "envoy-ai-gateway-ratelimit" || x.NodeMetadata["cluster"] != "ai" || x.NodeMetadata["zone"] != "a" || x.MaxMessageBytes != 16<<20 {
 				t.Errorf("xds %+v", x)
 			}
-			if c.RLS == nil || !c.RLS.ShadowMode || !c.RLS.QuotaMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) {
+			if c.RLS == nil || !c.RLS.ShadowMode || !c.RLS.QuotaMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) || c.RLS.ResponseDynamicMetadata {
 				t.Errorf("rls %+v", c.RLS)
+			}
+			h := c.RLS.LimitResponseHeaders
+			if limit, remaining, reset := h.Names(); !h.Enabled || limit != "RateLimit-Limit" || remaining != "X-RateLimit-Left" || reset != "RateLimit-Reset" {
+				t.Errorf("limit_response_headers %+v: names %q %q %q, want ratelimit's defaults but X-RateLimit-Left", h, limit, remaining, reset)
 			}
 		}, []string{"REDIS_URL is unset", "verifies no client certificate"}},
 		{"file", file, "warn", func(t *testing.T, c *Config) {
@@ -112,7 +121,10 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if len(c.Policies) != 1 || c.RLS == nil || c.RLS.Domains[0].Domain != "ai-gateway" {
 				t.Errorf("policies %d rls %+v", len(c.Policies), c.RLS)
 			}
-		}, nil},
+			if c.RLS.LimitResponseHeaders != (RLSLimitHeaders{}) || c.RLS.ResponseDynamicMetadata {
+				t.Errorf("rls %+v: want no limit headers (LIMIT_RESPONSE_HEADERS_ENABLED unset) and no metadata", c.RLS)
+			}
+		}, []string{"LIMIT_RESET_HEADER is set but LIMIT_RESPONSE_HEADERS_ENABLED is not true"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := FromRatelimitEnv(envOf(tc.env))
@@ -163,6 +175,11 @@ func TestFromRatelimitEnvRefuses(t *testing.T) {
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LOG_LEVEL": "loud"}, "LOG_LEVEL"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16MB"}, "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: want a number of bytes"},
 		{map[string]string{"RUNTIME_ROOT": root}, "holds no .yaml or .yml file"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "RESPONSE_DYNAMIC_METADATA": "on"}, "RESPONSE_DYNAMIC_METADATA: want true or false"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LIMIT_RESPONSE_HEADERS_ENABLED": "yes please"}, "LIMIT_RESPONSE_HEADERS_ENABLED: want true or false"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "hunter22 limit"}, "LIMIT_LIMIT_HEADER: is not an HTTP header name"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "Retry-After"}, "LIMIT_REMAINING_HEADER: is retry-after"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_RESET_HEADER": "ratelimit-limit"}, "LIMIT_RESET_HEADER: names the same header as LIMIT_LIMIT_HEADER"},
 		{map[string]string{"RUNTIME_ROOT": filepath.Join(root, "missing")}, "no such file"},
 	} {
 		_, err := FromRatelimitEnv(envOf(tc.env))

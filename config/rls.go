@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -8,6 +9,10 @@ import (
 	"strings"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	yaml "go.yaml.in/yaml/v3"
+	"golang.org/x/net/http/httpguts"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tokengate/tokengate/rls/rlconfig"
 )
@@ -33,6 +38,16 @@ type RLS struct {
 	// ratelimit's QUOTA_MODE does (§3.4): a call is over the limit only
 	// when all of them are.
 	QuotaMode bool `yaml:"quota_mode"`
+	// ResponseDynamicMetadata answers every call with dynamic_metadata as
+	// ratelimit's RESPONSE_DYNAMIC_METADATA does (§3.5): the domain, each
+	// descriptor's entries (and its own limit and hits_addend), the call's
+	// hits_addend, and the merged metadata of the limits that passed.
+	// Envoy stores it under the filter's metadata_namespace.
+	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata"`
+	// LimitResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset to every answer's response_headers_to_add, as
+	// ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED does (§3.5).
+	LimitResponseHeaders RLSLimitHeaders `yaml:"limit_response_headers"`
 	// DeferredCharges are the domains whose hits (a call of descriptors that
 	// all carry hits other than 0) come only from Envoy's stream-done call
 	// (apply_on_stream_done: AI Gateway's and Envoy Gateway's response
@@ -48,6 +63,76 @@ type RLS struct {
 // written in the background (RLS.DeferredCharges).
 func (r *RLS) Deferred(domain string) bool {
 	return r != nil && slices.Contains(r.DeferredCharges, domain)
+}
+
+// RLSLimitHeaders are the RateLimit-* headers of ratelimit's
+// LIMIT_RESPONSE_HEADERS_ENABLED, taken from one status of each answer: the
+// one with the least limit_remaining among those with a current_limit, or
+// the last one over the limit outside quota mode. The zero value adds none;
+// an empty name is ratelimit's default (Names).
+type RLSLimitHeaders struct {
+	Enabled bool `yaml:"enabled"`
+	// LimitHeader carries the status's requests_per_unit
+	// (LIMIT_LIMIT_HEADER, default RateLimit-Limit).
+	LimitHeader string `yaml:"limit_header"`
+	// RemainingHeader carries its limit_remaining (LIMIT_REMAINING_HEADER,
+	// default RateLimit-Remaining).
+	RemainingHeader string `yaml:"remaining_header"`
+	// ResetHeader carries its duration_until_reset in whole seconds,
+	// rounded up (LIMIT_RESET_HEADER, default RateLimit-Reset).
+	ResetHeader string `yaml:"reset_header"`
+}
+
+// Names are the header names in force: the configured ones, ratelimit's
+// defaults for those left empty.
+func (h RLSLimitHeaders) Names() (limit, remaining, reset string) {
+	or := func(s, def string) string {
+		if s == "" {
+			return def
+		}
+		return s
+	}
+	return or(h.LimitHeader, "RateLimit-Limit"), or(h.RemainingHeader, "RateLimit-Remaining"), or(h.ResetHeader, "RateLimit-Reset")
+}
+
+// RetryAfterHeader is the header the service adds to every OVER_LIMIT
+// answer; no RateLimit-* header may take its name.
+const RetryAfterHeader = "retry-after"
+
+// framingHeaders are the headers of a connection or of a message's
+// framing, which an answer's response_headers_to_add must not set.
+var framingHeaders = []string{"connection", "content-length", "host", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
+
+// limitHeaderProblem is what is wrong with one header name of
+// RLSLimitHeaders, by its field.
+type limitHeaderProblem struct{ field, msg string }
+
+// problems checks the header names: each an HTTP token, none a framing
+// header or retry-after, no two the same (header names are
+// case-insensitive). An empty name is the default, checked as such. label
+// names a field (limit_header, ...) in a message, as its reader knows it;
+// no message repeats a name.
+func (h RLSLimitHeaders) problems(label func(field string) string) []limitHeaderProblem {
+	var out []limitHeaderProblem
+	limit, remaining, reset := h.Names()
+	seen := map[string]string{}
+	for _, f := range []struct{ field, name string }{
+		{"limit_header", limit}, {"remaining_header", remaining}, {"reset_header", reset},
+	} {
+		lower := strings.ToLower(f.name)
+		switch {
+		case !httpguts.ValidHeaderFieldName(f.name):
+			out = append(out, limitHeaderProblem{f.field, "is not an HTTP header name: want letters, digits and !#$%&'*+-.^_`|~ only"})
+		case slices.Contains(framingHeaders, lower):
+			out = append(out, limitHeaderProblem{f.field, "is a connection or framing header, which the rate-limit service must not set"})
+		case lower == RetryAfterHeader:
+			out = append(out, limitHeaderProblem{f.field, "is retry-after, which the service sets itself on OVER_LIMIT"})
+		case seen[lower] != "":
+			out = append(out, limitHeaderProblem{f.field, fmt.Sprintf("names the same header as %s (header names are case-insensitive)", label(seen[lower]))})
+		}
+		seen[lower] = f.field
+	}
+	return out
 }
 
 // RLSDomain is the mapping of one domain (RateLimitRequest.domain).
@@ -97,8 +182,154 @@ type RLSDescriptor struct {
 	// whose Replaces names this one drops this one's limit (§3.2).
 	Name     string   `yaml:"name"`
 	Replaces []string `yaml:"replaces"`
+	// Metadata is ratelimit's descriptor metadata: with
+	// rls.response_dynamic_metadata, an answer's dynamic metadata holds the
+	// metadata of every limit it met that was not over, merged in
+	// descriptor order (the first value of a key wins; mappings merge).
+	Metadata RLSMetadata `yaml:"metadata"`
 
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
+}
+
+// RLSMetadata is a descriptor's metadata: a mapping of any YAML values,
+// held as the Struct ratelimit answers (numbers as numbers, a timestamp
+// as its text, as ratelimit's YAML reader keeps it; keys as their text).
+// The zero value is none. It is immutable: Struct's value is shared by
+// every call.
+type RLSMetadata struct{ s *structpb.Struct }
+
+// NewRLSMetadata is the metadata s holds (a copy); none when s is empty.
+func NewRLSMetadata(s *structpb.Struct) RLSMetadata {
+	if len(s.GetFields()) == 0 {
+		return RLSMetadata{}
+	}
+	return RLSMetadata{s: proto.CloneOf(s)}
+}
+
+// Struct is the metadata; nil when there is none. It must not be changed.
+func (m RLSMetadata) Struct() *structpb.Struct { return m.s }
+
+// UnmarshalYAML reads a mapping (see metadataStruct).
+func (m *RLSMetadata) UnmarshalYAML(n *yaml.Node) error {
+	s, err := metadataStruct(n)
+	if err != nil {
+		return err
+	}
+	*m = RLSMetadata{s: s}
+	return nil
+}
+
+// metadataProblem is a value of metadata that has no Struct form, at path
+// below the metadata field (empty for the field itself).
+type metadataProblem struct {
+	path string
+	line int
+	msg  string
+}
+
+func (p *metadataProblem) Error() string {
+	if p.path == "" {
+		return fmt.Sprintf("line %d: %s", p.line, p.msg)
+	}
+	return fmt.Sprintf("line %d: %s: %s", p.line, p.path, p.msg)
+}
+
+// metadataStruct reads a metadata mapping into a Struct; nil for an empty
+// or null one. Keys are their text and must be scalars, each once; a
+// timestamp stays its text, as ratelimit's YAML reader (yaml.v2) keeps
+// it; merge keys (<<) are not read. A problem is a *metadataProblem.
+func metadataStruct(n *yaml.Node) (*structpb.Struct, error) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return nil, nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, &metadataProblem{line: n.Line, msg: "want a mapping, got " + describe(n)}
+	}
+	s, err := metadataFields(n, "")
+	if err != nil || len(s.Fields) == 0 {
+		return nil, err
+	}
+	return s, nil
+}
+
+func metadataFields(n *yaml.Node, path string) (*structpb.Struct, error) {
+	s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(n.Content)/2)}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.AliasNode {
+			k = k.Alias
+		}
+		switch {
+		case k.Kind != yaml.ScalarNode:
+			return nil, &metadataProblem{path: path, line: k.Line, msg: "a key must be a scalar, got " + describe(k)}
+		case k.ShortTag() == "!!merge":
+			return nil, &metadataProblem{path: path, line: k.Line, msg: "merge keys (<<) are not read in metadata: write the keys out"}
+		}
+		p := join(path, k.Value)
+		if _, dup := s.Fields[k.Value]; dup {
+			return nil, &metadataProblem{path: p, line: k.Line, msg: "the key is repeated"}
+		}
+		v, err := metadataValue(val, p)
+		if err != nil {
+			return nil, err
+		}
+		s.Fields[k.Value] = v
+	}
+	return s, nil
+}
+
+func metadataValue(n *yaml.Node, path string) (*structpb.Value, error) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		s, err := metadataFields(n, path)
+		if err != nil {
+			return nil, err
+		}
+		return structpb.NewStructValue(s), nil
+	case yaml.SequenceNode:
+		l := &structpb.ListValue{Values: make([]*structpb.Value, 0, len(n.Content))}
+		for i, c := range n.Content {
+			v, err := metadataValue(c, fmt.Sprintf("%s[%d]", path, i))
+			if err != nil {
+				return nil, err
+			}
+			l.Values = append(l.Values, v)
+		}
+		return structpb.NewListValue(l), nil
+	}
+	if n.ShortTag() == "!!timestamp" {
+		return structpb.NewStringValue(n.Value), nil
+	}
+	var x any
+	if err := n.Decode(&x); err != nil {
+		return nil, &metadataProblem{path: path, line: n.Line, msg: fmt.Sprintf("cannot read %s", describe(n))}
+	}
+	v, err := structpb.NewValue(x)
+	if err != nil {
+		return nil, &metadataProblem{path: path, line: n.Line, msg: "want text, a number, true, false or null; " + strings.TrimPrefix(err.Error(), "proto: ")}
+	}
+	return v, nil
+}
+
+// checkMetadata reports the problems of a metadata node as the shape walk
+// reports a value of the wrong type, at path and below.
+func (v *validator) checkMetadata(n *yaml.Node, path string) {
+	_, err := metadataStruct(n)
+	var p *metadataProblem
+	if errors.As(err, &p) {
+		v.badValues++
+		f := path
+		if p.path != "" {
+			f = join(path, p.path)
+		}
+		v.problems = append(v.problems, Problem{File: v.file, Line: p.line, Field: f, Msg: p.msg})
+	}
 }
 
 // limited reports whether a descriptor ending at d meets something other
@@ -268,6 +499,10 @@ func (v *validator) validateRLS(c *Config) {
 		c.rlsTrees[dom.Domain] = t
 		rc.descriptors(t.Root(), dom.Descriptors, rlsPath{field: path, identities: map[string]string{}})
 	}
+	const lh = "rls.limit_response_headers"
+	for _, p := range r.LimitResponseHeaders.problems(func(f string) string { return join(lh, f) }) {
+		v.add(join(lh, p.field), "%s", p.msg)
+	}
 	xds := c.Ratelimit != nil && c.Ratelimit.XDS != nil
 	listed := map[string]bool{}
 	for i, d := range r.DeferredCharges {
@@ -354,6 +589,9 @@ func (rc *rlsChecker) limit(d *RLSDescriptor, field string, here rlsPath) {
 			f = at("quota_mode")
 		}
 		rc.add(f, "shadow_mode and quota_mode apply to a limit: set policy or deny")
+	}
+	if d.Metadata.Struct() != nil && d.Policy == "" && !d.Deny {
+		rc.add(at("metadata"), "metadata applies to a limit that counts: set policy or deny (ratelimit answers no metadata for a descriptor without a limit, or an unlimited one)")
 	}
 	if (d.Name != "" || len(d.Replaces) > 0) && n == 0 {
 		f := at("name")

@@ -4,6 +4,9 @@ import (
 	"testing"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 func descriptor(kv ...string) *commonv3.RateLimitDescriptor {
@@ -145,4 +148,77 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// A descriptor's metadata is read as ratelimit reads its own (numbers as
+// numbers, a timestamp as its text, every key as its text, aliases
+// followed) into the Struct the service merges into its answers.
+func TestRLSMetadataIsReadAsRatelimitReadsIt(t *testing.T) {
+	c, err := Parse("rls.yaml", []byte(`
+policies:
+  - name: p
+    identities: [{name: user, header: x-user-id}]
+    buckets: [{name: user, per: user, tokens_per_minute: 60}]
+rls:
+  response_dynamic_metadata: true
+  domains:
+    - domain: d
+      descriptors:
+        - key: user
+          identity: user
+          policy: p
+          metadata:
+            name: service_1
+            tier: &t {level: 2, ratio: 0.5, paid: true, note: null}
+            copy: *t
+            since: 2001-12-14
+            1: one
+            list: [a, 7, {x: "y"}]
+            empty: {}
+        - {key: banned, deny: true, metadata: {}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.RLS.ResponseDynamicMetadata {
+		t.Error("response_dynamic_metadata is not set")
+	}
+	m, _, ok := c.MatchRLS("d", descriptor("user", "ann"))
+	if !ok {
+		t.Fatal("no match")
+	}
+	tier := map[string]any{"level": 2, "ratio": 0.5, "paid": true, "note": nil}
+	want, err := structpb.NewStruct(map[string]any{
+		"name": "service_1", "tier": tier, "copy": tier, "since": "2001-12-14", "1": "one",
+		"list": []any{"a", 7, map[string]any{"x": "y"}}, "empty": map[string]any{},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(want, m.Descriptor().Metadata.Struct(), protocmp.Transform()); d != "" {
+		t.Errorf("metadata (-want +got):\n%s", d)
+	}
+	if m, _, _ := c.MatchRLS("d", descriptor("banned", "x")); m.Descriptor().Metadata.Struct() != nil {
+		t.Errorf("empty metadata %v, want none", m.Descriptor().Metadata.Struct())
+	}
+}
+
+// The RateLimit-* header names: ratelimit's defaults for those left out,
+// any HTTP token otherwise.
+func TestRLSLimitHeaderNames(t *testing.T) {
+	for _, tt := range []struct {
+		h                       RLSLimitHeaders
+		limit, remaining, reset string
+	}{
+		{RLSLimitHeaders{Enabled: true}, "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"},
+		{RLSLimitHeaders{LimitHeader: "X-Quota", ResetHeader: "x-reset_in~s"}, "X-Quota", "RateLimit-Remaining", "x-reset_in~s"},
+	} {
+		l, rm, rs := tt.h.Names()
+		if l != tt.limit || rm != tt.remaining || rs != tt.reset {
+			t.Errorf("%+v: %q %q %q, want %q %q %q", tt.h, l, rm, rs, tt.limit, tt.remaining, tt.reset)
+		}
+		if ps := tt.h.problems(func(f string) string { return f }); len(ps) > 0 {
+			t.Errorf("%+v: %v", tt.h, ps)
+		}
+	}
 }

@@ -36,6 +36,7 @@ var (
 	durationType = reflect.TypeOf(time.Duration(0))
 	leaseType    = reflect.TypeOf(Lease{})
 	amountType   = reflect.TypeOf(Amount(""))
+	metadataType = reflect.TypeOf(RLSMetadata{})
 )
 
 func (v *validator) add(path, format string, args ...any) {
@@ -93,6 +94,10 @@ func (v *validator) walk(n *yaml.Node, path string, t reflect.Type) {
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return // an empty value leaves the field unset
+	}
+	if t == metadataType {
+		v.checkMetadata(n, path) // any values: what a Struct holds
+		return
 	}
 	if t == leaseType && n.Kind == yaml.ScalarNode {
 		if n.Value != "auto" {

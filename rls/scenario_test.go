@@ -15,10 +15,12 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/yaml"
 
@@ -873,20 +875,113 @@ func TestRLSScenario09ChargeAfterReset(t *testing.T) {
 	})
 }
 
-// Scenario 28: the service, as ratelimit without RESPONSE_DYNAMIC_METADATA,
-// sends no dynamic metadata: Envoy stores none.
+// Scenario 28: without rls.response_dynamic_metadata the service, as
+// ratelimit without RESPONSE_DYNAMIC_METADATA, sends no dynamic metadata
+// and Envoy stores none. With it, the request path's answer carries
+// ratelimit's metadata (the domain, the descriptor's entries and
+// hits_addend, the metadata of the limit met), which Envoy stores under
+// its metadata_namespace, the default or its own, for the filters after
+// it; the stream-done call's answer carries its own (its hits_addend, the
+// cost), which Envoy ignores.
 func TestRLSScenario28ResponseMetadata(t *testing.T) {
+	const defaultNS = "envoy.filters.http.ratelimit"
 	onEveryStore(t, func(t *testing.T, store buckets.Store) {
 		s := newScene(t, store, costFilter, costs(structpb.NewNumberValue(1)))
 		s.do(t, "x-user-id", "pia")
 		e := s.entry(t, 1)
-		if md := e.DynamicMetadata["envoy.filters.http.ratelimit"]; md != nil {
-			t.Errorf("dynamic metadata %v, want none", md)
+		if md := e.DynamicMetadata[defaultNS]; md != nil {
+			t.Errorf("off: dynamic metadata %v, want none", md)
 		}
 		for _, c := range e.Calls {
 			if c.Response.GetDynamicMetadata() != nil {
-				t.Errorf("answer with dynamic metadata: %v", c.Response)
+				t.Errorf("off: answer with dynamic metadata: %v", c.Response)
 			}
+		}
+
+		on := replaceOnce(t, scenarioYAML, "- {key: user, identity: user, policy: eg, rules: [user]}",
+			"- {key: user, identity: user, policy: eg, rules: [user], metadata: {route: {cluster: llm}, tier: standard}}") +
+			"  response_dynamic_metadata: true\n"
+		metadata := func(hits float64) *structpb.Struct {
+			return structOf(t, map[string]any{
+				"domain":      "ai-gateway",
+				"descriptors": []any{map[string]any{"entries": []any{"user=ria"}, "hitsAddend": hits}},
+				"metadata":    map[string]any{"route": map[string]any{"cluster": "llm"}, "tier": "standard"},
+			})
+		}
+		for i, ns := range []string{"", "tokengate.rl"} {
+			seen := make(chan *structpb.Struct, 1)
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				want := ns
+				if want == "" {
+					want = defaultNS
+				}
+				seen <- standin.DynamicMetadataOf(r.Context(), want)
+				io.WriteString(w, "answer")
+				standin.SetDynamicMetadata(r.Context(), "io.envoy.ai_gateway", &structpb.Struct{Fields: map[string]*structpb.Value{"llm_total_token": structpb.NewNumberValue(17)}})
+			})
+			filter := costFilter
+			if ns != "" {
+				filter += "metadata_namespace: " + ns + "\n"
+			}
+			s := newScene(t, store, filter, next, on)
+			if res := s.do(t, "x-user-id", "ria"); res.status != 200 {
+				t.Fatalf("%q: %d %s", ns, res.status, res.body)
+			}
+			e := s.entry(t, 1)
+			if len(e.Calls) != 2 || e.Calls[1].Response == nil {
+				t.Fatalf("%q: calls %+v, want the check and the stream-done charge", ns, e.Calls)
+			}
+			if d := cmp.Diff(metadata(17), e.Calls[1].Response.GetDynamicMetadata(), protocmp.Transform()); d != "" {
+				t.Errorf("%q: the stream-done answer's metadata (-want +got):\n%s", ns, d)
+			}
+			want := ns
+			if want == "" {
+				want = defaultNS
+			}
+			if d := cmp.Diff(metadata(0), <-seen, protocmp.Transform()); d != "" {
+				t.Errorf("%q: metadata the next filter sees (-want +got):\n%s", ns, d)
+			}
+			if d := cmp.Diff(metadata(0), e.DynamicMetadata[want], protocmp.Transform()); d != "" {
+				t.Errorf("%q: metadata at the stream's end, the stream-done answer's ignored (-want +got):\n%s", ns, d)
+			}
+			if other := []string{defaultNS, "tokengate.rl"}[1-i]; e.DynamicMetadata[other] != nil {
+				t.Errorf("%q: metadata under %s too: %v", ns, other, e.DynamicMetadata[other])
+			}
+		}
+	})
+}
+
+// rls.limit_response_headers (ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED):
+// Envoy appends the service's RateLimit-* headers to the upstream's
+// answer beside its own x-ratelimit-*, and to its 429 with the service's
+// retry-after, each once.
+func TestRLSLimitResponseHeadersReachTheClient(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, store buckets.Store) {
+		s := newScene(t, store, egFilter, nil, scenarioYAML+"  limit_response_headers: {enabled: true}\n")
+		once := func(res answer, name string) string {
+			t.Helper()
+			vs := res.header.Values(name)
+			if len(vs) != 1 {
+				t.Errorf("%s: %q, want one value", name, vs)
+				return ""
+			}
+			return vs[0]
+		}
+		res := s.do(t, "x-tenant-id", "acme")
+		// One hit of 3 refilling 3 a minute: full again in 20s.
+		if res.status != 200 || once(res, "RateLimit-Limit") != "3" || once(res, "RateLimit-Remaining") != "2" || once(res, "RateLimit-Reset") != "20" {
+			t.Errorf("first request: %d %v", res.status, res.header)
+		}
+		if res.header.Get("x-ratelimit-limit") != "3, 3;w=60" || res.header.Get("retry-after") != "" {
+			t.Errorf("first request: Envoy's own headers %v", res.header)
+		}
+		for range 2 {
+			s.do(t, "x-tenant-id", "acme")
+		}
+		res = s.do(t, "x-tenant-id", "acme")
+		// One token of debt and one asked for: 2 tokens at 3 a minute.
+		if res.status != 429 || once(res, "RateLimit-Limit") != "3" || once(res, "RateLimit-Remaining") != "0" || once(res, "RateLimit-Reset") != "40" || once(res, "retry-after") != "40" {
+			t.Errorf("4th request of 3 a minute: %d %v", res.status, res.header)
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +17,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tokengate/tokengate/admission"
 	"github.com/tokengate/tokengate/buckets"
@@ -117,6 +120,12 @@ type mapping struct {
 	byName   map[string]*config.Policy
 	// shadow and quota are the service's shadow and quota mode (rls:).
 	shadow, quota bool
+	// metadata answers with dynamic metadata
+	// (rls.response_dynamic_metadata).
+	metadata bool
+	// headers are the RateLimit-* header names
+	// (rls.limit_response_headers); nil when off.
+	headers *limitHeaders
 }
 
 // Service implements envoy.service.ratelimit.v3.RateLimitService on the
@@ -176,8 +185,12 @@ func (s *Service) Load(m Mapping) error {
 			return fmt.Errorf("rls: policy %q has a quota of money but the service has no price table", p.Name)
 		}
 	}
-	if m.Config.RLS != nil {
-		lm.shadow, lm.quota = m.Config.RLS.ShadowMode, m.Config.RLS.QuotaMode
+	if r := m.Config.RLS; r != nil {
+		lm.shadow, lm.quota, lm.metadata = r.ShadowMode, r.QuotaMode, r.ResponseDynamicMetadata
+		if r.LimitResponseHeaders.Enabled {
+			lm.headers = &limitHeaders{}
+			lm.headers.limit, lm.headers.remaining, lm.headers.reset = r.LimitResponseHeaders.Names()
+		}
 	}
 	s.live.Store(lm)
 	return nil
@@ -283,10 +296,14 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			return nil, s.storeError(err)
 		}
 		s.deferCharges(plans, replaced, domain, resp)
+		if m.metadata {
+			resp.DynamicMetadata = responseMetadata(req, plans, resp.Statuses)
+		}
 		return resp, nil
 	}
 	failedLimit, failedQuota, quotaMode := 0, 0, 0
 	var retry time.Duration
+	pick := headerPick{least: math.MaxUint32}
 	for i := range plans {
 		p := &plans[i]
 		if replaced[i] {
@@ -304,8 +321,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 		}
 		// As ratelimit counts them: the service's quota mode takes in
-		// every descriptor but the unlimited, those without a limit too.
-		quota := m.quota && p.kind != KindUnlimited || p.modes() != nil && p.modes().QuotaMode
+		// every descriptor but the unlimited, those without a limit too;
+		// a replaced limit is none, its quota mode with it.
+		quota := m.quota && p.kind != KindUnlimited || p.kind != KindReplaced && p.modes() != nil && p.modes().QuotaMode
+		pick.see(st, quota)
 		if quota {
 			quotaMode++
 		}
@@ -332,11 +351,145 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if m.shadow {
 		resp.OverallCode = okCode
 	}
+	if m.headers != nil {
+		resp.ResponseHeadersToAdd = m.headers.of(pick.status)
+	}
 	if resp.OverallCode == overCode {
 		secs := int64(math.Ceil(retry.Seconds()))
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, headerValue("retry-after", strconv.FormatInt(max(secs, 1), 10)))
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, headerValue(config.RetryAfterHeader, strconv.FormatInt(max(secs, 1), 10)))
+	}
+	if m.metadata {
+		resp.DynamicMetadata = responseMetadata(req, plans, resp.Statuses)
 	}
 	return resp, nil
+}
+
+// headerPick chooses the status whose RateLimit-* headers an answer
+// carries, as ratelimit chooses it (§3.5): the one with the least
+// limit_remaining among those with a current_limit, the first on a tie;
+// a status over the limit outside quota mode takes over, the last such
+// one. Statuses are seen in order, after the rule's shadow mode.
+type headerPick struct {
+	status *rlsv3.RateLimitResponse_DescriptorStatus
+	least  uint32
+}
+
+func (h *headerPick) see(st *rlsv3.RateLimitResponse_DescriptorStatus, quota bool) {
+	if st.GetCurrentLimit() != nil && st.GetLimitRemaining() < h.least {
+		h.status, h.least = st, st.GetLimitRemaining()
+	}
+	if st.GetCode() == overCode && !quota {
+		h.status, h.least = st, 0
+	}
+}
+
+// limitHeaders are the names of ratelimit's RateLimit-* headers.
+type limitHeaders struct{ limit, remaining, reset string }
+
+// of is the headers of st: its requests_per_unit, its limit_remaining and
+// its duration_until_reset in whole seconds, rounded up. ratelimit
+// computes the reset from the unit's fixed window; a bucket's status says
+// when the bucket is full again (OK) or holds the hits again (over), and
+// a quota's when its window ends. None when st is nil or has no limit (a
+// descriptor refused unpriced, over the limit without one).
+func (h *limitHeaders) of(st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	if st.GetCurrentLimit() == nil {
+		return nil
+	}
+	reset := int64(math.Ceil(st.GetDurationUntilReset().AsDuration().Seconds()))
+	return []*corev3.HeaderValue{
+		headerValue(h.limit, strconv.FormatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()), 10)),
+		headerValue(h.remaining, strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)),
+		headerValue(h.reset, strconv.FormatInt(reset, 10)),
+	}
+}
+
+// responseMetadata is the dynamic metadata of an answer, as ratelimit's
+// RESPONSE_DYNAMIC_METADATA builds it (§3.5): the domain; each
+// descriptor's entries as "key=value", its own limit as ratelimit prints
+// it and its hits_addend when set (0 included); the call's hits_addend
+// when not 0; and, under "metadata", the metadata of the limits met whose
+// status is not OVER_LIMIT (after the rule's shadow mode, before the
+// service's), merged in descriptor order. A replaced limit, a
+// descriptor's own limit, an unlimited descriptor and one without a
+// limit give none.
+func responseMetadata(req *rlsv3.RateLimitRequest, plans []plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
+	ds := make([]*structpb.Value, 0, len(req.GetDescriptors()))
+	for _, d := range req.GetDescriptors() {
+		entries := make([]*structpb.Value, len(d.GetEntries()))
+		for i, e := range d.GetEntries() {
+			entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.GetLimit(); l != nil {
+			f["limit"] = structpb.NewStringValue(limitText(l))
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		ds = append(ds, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+	}
+	fields := map[string]*structpb.Value{
+		"domain":      structpb.NewStringValue(req.GetDomain()),
+		"descriptors": structpb.NewListValue(&structpb.ListValue{Values: ds}),
+	}
+	if h := req.GetHitsAddend(); h != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	passed := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i := range plans {
+		if statuses[i].GetCode() != overCode {
+			mergeMetadata(passed, plans[i].metadata())
+		}
+	}
+	if len(passed.Fields) > 0 {
+		fields["metadata"] = structpb.NewStructValue(passed)
+	}
+	return &structpb.Struct{Fields: fields}
+}
+
+// metadata is the metadata of the limit p met; nil when it met none of
+// its node's (no limit, unlimited, replaced, its own limit, unpriced).
+func (p *plan) metadata() *structpb.Struct {
+	if p.kind != KindLimit && p.kind != KindDeny {
+		return nil
+	}
+	return p.node.Metadata.Struct()
+}
+
+// mergeMetadata merges src into dst as ratelimit merges the metadata of
+// passed limits: a key dst lacks is added, one both hold as mappings is
+// merged the same way, any other stays as dst has it. What it adds is a
+// copy: src is the configuration's, shared by every call.
+func mergeMetadata(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		switch {
+		case !ok:
+			dst.Fields[k] = proto.CloneOf(v)
+		case have.GetStructValue() != nil && v.GetStructValue() != nil:
+			d := have.GetStructValue()
+			if d.Fields == nil {
+				d.Fields = map[string]*structpb.Value{}
+			}
+			mergeMetadata(d, v.GetStructValue())
+		}
+	}
+}
+
+// limitText is a descriptor's own limit as ratelimit prints it in the
+// metadata (the message's compact text form, ratelimit's API knowing
+// requests_per_unit and unit), with one space between fields where
+// protobuf-go's text form puts one or two, varying by build.
+func limitText(l *commonv3.RateLimitDescriptor_RateLimitOverride) string {
+	var parts []string
+	if n := l.GetRequestsPerUnit(); n != 0 {
+		parts = append(parts, "requests_per_unit:"+strconv.FormatUint(uint64(n), 10))
+	}
+	if u := l.GetUnit(); u != 0 {
+		parts = append(parts, "unit:"+u.String())
+	}
+	return strings.Join(parts, " ")
 }
 
 // allHits reports whether every descriptor of a call carries hits: a

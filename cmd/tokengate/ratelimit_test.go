@@ -19,10 +19,13 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tokengate/tokengate/internal/redistest"
 )
@@ -316,5 +319,90 @@ func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
 	m.mu.Unlock()
 	if id != node {
 		t.Errorf("node %q, want %s", id, node)
+	}
+}
+
+// TestRatelimitResponseMetadataAndHeaders runs `tokengate ratelimit` with
+// RESPONSE_DYNAMIC_METADATA and LIMIT_RESPONSE_HEADERS_ENABLED (one header
+// renamed by LIMIT_RESET_HEADER): a real answer carries ratelimit's
+// dynamic metadata, the rule's metadata while it passes, and the
+// RateLimit-* headers, retry-after after them once over; the variables
+// are mapped, not warned about.
+func TestRatelimitResponseMetadataAndHeaders(t *testing.T) {
+	root := t.TempDir()
+	app := filepath.Join(root, "config")
+	if err := os.MkdirAll(app, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(app, "rl.yaml"), `
+domain: rl
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {route: {cluster: llm}, weight: 3}
+`)
+	p := startRatelimit(t, tokengateBinary(t), []string{
+		"RUNTIME_ROOT=" + root, "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "LOG_LEVEL=info",
+		"RESPONSE_DYNAMIC_METADATA=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "LIMIT_RESET_HEADER=X-RateLimit-Reset-In",
+	})
+	for _, v := range []string{"RESPONSE_DYNAMIC_METADATA", "LIMIT_RESPONSE_HEADERS_ENABLED", "LIMIT_RESET_HEADER"} {
+		if strings.Contains(p.stderr.String(), v) {
+			t.Errorf("the log names %s:\n%s", v, p.stderr.String())
+		}
+	}
+	c := newRLSCaller(t, p.grpc)
+	call := func() *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := c.rl.ShouldRateLimit(c.ctx, &rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 1, Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}},
+		}}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		return resp
+	}
+	metadata := func(rule map[string]any) *structpb.Struct {
+		m := map[string]any{
+			"domain":      "rl",
+			"descriptors": []any{map[string]any{"entries": []any{"remote_address=10.0.0.1"}}},
+			"hitsAddend":  1,
+		}
+		if rule != nil {
+			m["metadata"] = rule
+		}
+		s, err := structpb.NewStruct(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	headers := func(resp *rlsv3.RateLimitResponse) (out []string) {
+		for _, h := range resp.GetResponseHeadersToAdd() {
+			out = append(out, h.GetKey()+": "+h.GetValue())
+		}
+		return out
+	}
+	got := call()
+	if d := cmp.Diff(metadata(map[string]any{"route": map[string]any{"cluster": "llm"}, "weight": 3}), got.GetDynamicMetadata(), protocmp.Transform()); got.GetOverallCode() != rlsv3.RateLimitResponse_OK || d != "" {
+		t.Errorf("first hit of 2 a minute: %v, dynamic metadata (-want +got):\n%s", got.GetOverallCode(), d)
+	}
+	// One hit of 2 refilling 2 a minute: full again in 30s.
+	if d := cmp.Diff([]string{"RateLimit-Limit: 2", "RateLimit-Remaining: 1", "X-RateLimit-Reset-In: 30"}, headers(got)); d != "" {
+		t.Errorf("first hit: headers (-want +got):\n%s", d)
+	}
+	call()
+	got = call()
+	if d := cmp.Diff(metadata(nil), got.GetDynamicMetadata(), protocmp.Transform()); got.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || d != "" {
+		t.Errorf("third hit of 2 a minute: %v, dynamic metadata (-want +got):\n%s", got.GetOverallCode(), d)
+	}
+	// One token of debt and one asked for: 2 tokens at 2 a minute.
+	if d := cmp.Diff([]string{"RateLimit-Limit: 2", "RateLimit-Remaining: 0", "X-RateLimit-Reset-In: 60", "retry-after: 60"}, headers(got)); d != "" {
+		t.Errorf("third hit: headers (-want +got):\n%s", d)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-p.done; err != nil {
+		t.Errorf("tokengate ratelimit on SIGTERM: %v\n%s", err, p.stderr.String())
 	}
 }

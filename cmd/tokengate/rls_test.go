@@ -11,9 +11,12 @@ import (
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -195,6 +198,57 @@ func TestServeReadsRatelimitFiles(t *testing.T) {
 	}
 	if got := strings.Join(codes, " "); got != "OK OK OVER_LIMIT" {
 		t.Errorf("three hits of 2 per minute: %s", got)
+	}
+	p.stop(t)
+}
+
+// TestServeAnswersWithMetadataAndLimitHeaders: the binary serving a file
+// with rls.response_dynamic_metadata and rls.limit_response_headers (one
+// name its own) answers a real call with ratelimit's dynamic metadata,
+// the descriptor's metadata included, and the RateLimit-* headers.
+func TestServeAnswersWithMetadataAndLimitHeaders(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tokengate.yaml")
+	writeFile(t, file, `
+store: {type: memory}
+policies:
+  - name: p
+    identities: [{name: user, header: x-user-id}]
+    buckets: [{name: user, per: user, tokens_per_minute: 600, burst: 100, max_debt: 100}]
+rls:
+  response_dynamic_metadata: true
+  limit_response_headers: {enabled: true, remaining_header: X-Tokens-Left}
+  domains:
+    - domain: ai-gateway
+      descriptors:
+        - {key: user, identity: user, policy: p, metadata: {tier: standard, route: {cluster: llm}}}
+`)
+	p := startServe(t, tokengateBinary(t), nil, "--config", file)
+	c := newRLSCaller(t, p.grpc)
+	resp, err := c.call("ai-gateway", "ann", 40)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	want, err := structpb.NewStruct(map[string]any{
+		"domain":      "ai-gateway",
+		"descriptors": []any{map[string]any{"entries": []any{"user=ann"}, "hitsAddend": 40}},
+		"metadata":    map[string]any{"tier": "standard", "route": map[string]any{"cluster": "llm"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(want, resp.GetDynamicMetadata(), protocmp.Transform()); d != "" {
+		t.Errorf("dynamic metadata (-want +got):\n%s", d)
+	}
+	var headers []string
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		headers = append(headers, h.GetKey()+": "+h.GetValue())
+	}
+	// 40 of a bucket of 100 refilling 600 a minute (10 a second): 60
+	// left, full in 4s; the limit is the refill per the unit nearest to a
+	// whole refill (10s: 600 per MINUTE).
+	if d := cmp.Diff([]string{"RateLimit-Limit: 600", "X-Tokens-Left: 60", "RateLimit-Reset: 4"}, headers); d != "" {
+		t.Errorf("headers (-want +got):\n%s\nstatus %v", d, resp.GetStatuses()[0])
 	}
 	p.stop(t)
 }
