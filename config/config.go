@@ -186,10 +186,12 @@ type Fleet struct {
 	Floor *Rate `yaml:"floor"`
 }
 
-// Redis configures the Redis store; one address is a standalone server,
-// several (or Cluster) a Redis Cluster.
+// Redis configures the Redis store; one address is a standalone server
+// (host:port, or unix:PATH for its unix socket), several (or Cluster) a
+// Redis Cluster; with Sentinel, the master its sentinels name.
 type Redis struct {
 	Addrs       []string      `yaml:"addrs"`
+	Sentinel    *Sentinel     `yaml:"sentinel"`
 	Cluster     bool          `yaml:"cluster"`
 	Username    string        `yaml:"username"`
 	PasswordEnv string        `yaml:"password_env"`
@@ -199,6 +201,27 @@ type Redis struct {
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	Timeout     time.Duration `yaml:"timeout"`
 	PoolSize    int           `yaml:"pool_size"`
+}
+
+// Sentinel reaches the master of a Redis Sentinel deployment: the store
+// asks the sentinels at Addrs for the master named Master, and follows it
+// when they fail over. Username and PasswordEnv authenticate to the
+// sentinels (Redis's own username and password_env to the master); tls
+// applies to both.
+type Sentinel struct {
+	Master      string   `yaml:"master"`
+	Addrs       []string `yaml:"addrs"`
+	Username    string   `yaml:"username"`
+	PasswordEnv string   `yaml:"password_env"`
+}
+
+// UnixSocket reports whether addr, a listener's or Redis's address, names
+// a unix socket (unix:PATH, or gRPC's unix://PATH), and its path.
+func UnixSocket(addr string) (path string, ok bool) {
+	if rest, ok := strings.CutPrefix(addr, "unix://"); ok {
+		return rest, true
+	}
+	return strings.CutPrefix(addr, "unix:")
 }
 
 // TLS configures TLS to Redis.

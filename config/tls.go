@@ -46,7 +46,10 @@ func (v *validator) validateListenerTLS(c *Config) {
 // serve, and of serve's --grpc and --admin (WithListeners).
 func (v *validator) validateExposure(c *Config) (grpcOpen, adminOpen bool) {
 	l := &c.Listeners
-	if host, _, err := net.SplitHostPort(l.GRPC); err == nil && !isLoopback(host) && (l.GRPCTLS == nil || l.GRPCTLS.ClientCAFile == "") {
+	// A unix socket is reached only from this host, by whom its file's
+	// permissions let in, as loopback is.
+	_, unix := UnixSocket(l.GRPC)
+	if host, _, err := net.SplitHostPort(l.GRPC); err == nil && !unix && !isLoopback(host) && (l.GRPCTLS == nil || l.GRPCTLS.ClientCAFile == "") {
 		grpcOpen = true
 		switch {
 		case l.Insecure:

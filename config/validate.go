@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"net"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -296,10 +297,13 @@ func (v *validator) validate(c *Config) {
 }
 
 func (v *validator) validateListeners(l *Listeners) {
-	for _, a := range []struct{ field, addr string }{{"listeners.grpc", l.GRPC}, {"listeners.admin", l.Admin}} {
-		if err := hostPort(a.addr); err != nil {
-			v.add(a.field, "%v", err)
-		}
+	if err := listenAddr(l.GRPC); err != nil {
+		v.add("listeners.grpc", "%v", err)
+	}
+	if _, unix := UnixSocket(l.Admin); unix {
+		v.add("listeners.admin", "%q: the admin listener takes host:port, not a unix socket: probes, scrapes and tokengate health reach it over TCP", l.Admin)
+	} else if err := hostPort(l.Admin); err != nil {
+		v.add("listeners.admin", "%v", err)
 	}
 	if l.GRPC == l.Admin && !strings.HasSuffix(l.GRPC, ":0") {
 		v.add("listeners.admin", "%q is also listeners.grpc; the two listeners need different addresses", l.Admin)
@@ -331,6 +335,19 @@ func (v *validator) validateUsageBound(u *UsageBound) {
 	}
 }
 
+// listenAddr checks an address that a listener or a Redis dialer will
+// take: host:port, or an absolute unix socket path.
+func listenAddr(addr string) error {
+	path, ok := UnixSocket(addr)
+	if !ok {
+		return hostPort(addr)
+	}
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("%q: a unix socket needs an absolute path (unix:/run/tokengate/grpc.sock)", addr)
+	}
+	return nil
+}
+
 // hostPort checks an address that net.Listen or a Redis dialer will take:
 // host:port with a numeric port.
 func hostPort(addr string) error {
@@ -344,17 +361,45 @@ func hostPort(addr string) error {
 	return nil
 }
 
+// validateSentinel checks store.redis.sentinel: the master's name and the
+// sentinels' addresses, and nothing that contradicts them.
+func (v *validator) validateSentinel(r *Redis) {
+	sn := r.Sentinel
+	if sn.Master == "" {
+		v.add("store.redis.sentinel.master", "is required: the name the sentinels know the master by (SENTINEL GET-MASTER-ADDR-BY-NAME)")
+	}
+	if len(sn.Addrs) == 0 {
+		v.add("store.redis.sentinel.addrs", "at least one sentinel address is required")
+	}
+	for i, a := range sn.Addrs {
+		if err := hostPort(a); err != nil {
+			v.add(fmt.Sprintf("store.redis.sentinel.addrs[%d]", i), "%v", err)
+		}
+	}
+	if len(r.Addrs) > 0 {
+		v.add("store.redis.addrs", "is set together with store.redis.sentinel: the sentinels name the master; set one of the two")
+	}
+	if r.Cluster {
+		v.add("store.redis.cluster", "does not go with store.redis.sentinel: Sentinel serves one master and its replicas")
+	}
+}
+
 func (v *validator) validateStore(s *Store) {
 	switch s.Type {
 	case "memory":
 	case "redis":
 		r := &s.Redis
-		if len(r.Addrs) == 0 {
-			v.add("store.redis.addrs", "at least one address is required for the redis store")
+		switch {
+		case r.Sentinel != nil:
+			v.validateSentinel(r)
+		case len(r.Addrs) == 0:
+			v.add("store.redis.addrs", "at least one address is required for the redis store (or store.redis.sentinel)")
 		}
 		for i, a := range r.Addrs {
-			if err := hostPort(a); err != nil {
+			if err := listenAddr(a); err != nil {
 				v.add(fmt.Sprintf("store.redis.addrs[%d]", i), "%v", err)
+			} else if _, unix := UnixSocket(a); unix && (len(r.Addrs) > 1 || r.Cluster) {
+				v.add(fmt.Sprintf("store.redis.addrs[%d]", i), "%q: a unix socket reaches one standalone Redis, not a cluster", a)
 			}
 		}
 		if r.DialTimeout < 0 {

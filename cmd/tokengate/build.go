@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tokengate/tokengate/admin"
 	"github.com/tokengate/tokengate/admission"
@@ -410,7 +411,7 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 	case "redis":
 		rc := cfg.Store.Redis
 		opts := &redis.UniversalOptions{
-			Addrs:         rc.Addrs,
+			Addrs:         redisAddrs(&rc),
 			Username:      rc.Username,
 			DB:            rc.DB,
 			DialTimeout:   rc.DialTimeout,
@@ -426,6 +427,23 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 			}
 			opts.Password = pw
 		}
+		if len(rc.Addrs) == 1 {
+			if _, unix := config.UnixSocket(rc.Addrs[0]); unix {
+				// Maintenance notifications move TCP endpoints; for a
+				// socket go-redis would only warn that a path is no host.
+				opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+			}
+		}
+		if sn := rc.Sentinel; sn != nil {
+			opts.MasterName, opts.SentinelUsername = sn.Master, sn.Username
+			if sn.PasswordEnv != "" {
+				pw, ok := os.LookupEnv(sn.PasswordEnv)
+				if !ok {
+					return nil, nil, fmt.Errorf("store.redis.sentinel.password_env: environment variable %s is not set", sn.PasswordEnv)
+				}
+				opts.SentinelPassword = pw
+			}
+		}
 		if rc.TLS != nil {
 			tc, err := tlsConfig(rc.TLS)
 			if err != nil {
@@ -439,11 +457,28 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 		if err := client.Ping(pctx).Err(); err != nil {
 			// Not fatal: the failure mode (S21) decides what requests see
 			// until Redis answers.
-			logger.Warn("redis not reachable at start-up", "addrs", rc.Addrs, "err", err)
+			logger.Warn("redis not reachable at start-up", "addrs", opts.Addrs, "master", opts.MasterName, "err", err)
 		}
 		return redisstore.New(client, redisstore.Options{Prefix: rc.KeyPrefix, Cluster: rc.Cluster}), client.Close, nil
 	}
 	return nil, nil, fmt.Errorf("store.type: unknown store %q", cfg.Store.Type)
+}
+
+// redisAddrs are the addresses go-redis dials: the sentinels' with
+// Sentinel, else the servers', a unix socket as its path (go-redis dials
+// an address starting with / as one).
+func redisAddrs(rc *config.Redis) []string {
+	if rc.Sentinel != nil {
+		return rc.Sentinel.Addrs
+	}
+	addrs := make([]string, len(rc.Addrs))
+	for i, a := range rc.Addrs {
+		if path, ok := config.UnixSocket(a); ok {
+			a = path
+		}
+		addrs[i] = a
+	}
+	return addrs
 }
 
 func tlsConfig(t *config.TLS) (*tls.Config, error) {

@@ -154,10 +154,10 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 
 	if ls == nil {
 		ls = &listeners{}
-		if ls.grpc, err = net.Listen("tcp", cfg.Listeners.GRPC); err != nil {
+		if ls.grpc, err = listen(cfg.Listeners.GRPC); err != nil {
 			return fmt.Errorf("listeners.grpc: %w", err)
 		}
-		if ls.admin, err = net.Listen("tcp", cfg.Listeners.Admin); err != nil {
+		if ls.admin, err = listen(cfg.Listeners.Admin); err != nil {
 			ls.grpc.Close()
 			return fmt.Errorf("listeners.admin: %w", err)
 		}

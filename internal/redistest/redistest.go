@@ -154,6 +154,90 @@ func (s *Server) Restart() {
 // Stop stops the server. It is safe to call more than once.
 func (s *Server) Stop() { s.Kill() }
 
+// StartUnix starts a standalone redis-server that listens on a unix socket
+// only, no TCP port: Addr is the socket's path. The socket lives in a
+// short directory of its own, as a socket path must fit in 108 bytes.
+func StartUnix(t testing.TB) *Server {
+	t.Helper()
+	bin := Binary(t)
+	dir, err := os.MkdirTemp("", "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	s := &Server{t: t, bin: bin, dir: dir, Addr: filepath.Join(dir, "redis.sock")}
+	s.args = []string{"--port", "0", "--unixsocket", s.Addr, "--unixsocketperm", "700",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--enable-debug-command", "local"}
+	t.Cleanup(s.Stop)
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// StartReplica starts a standalone redis-server replicating master, and
+// returns once the replica has synchronised.
+func StartReplica(t testing.TB, master *Server) *Server {
+	t.Helper()
+	r := Start(t)
+	host, port, _ := net.SplitHostPort(master.Addr)
+	if _, err := Do(r.Addr, "REPLICAOF", host, port); err != nil {
+		t.Fatalf("redistest: REPLICAOF %s: %v", master.Addr, err)
+	}
+	deadline := time.Now().Add(startTimeout)
+	for {
+		info, err := Do(r.Addr, "INFO", "replication")
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: replica %s did not synchronise with %s within %v: %s %v", r.Addr, master.Addr, startTimeout, info, err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the replica, with the deadline above
+	}
+}
+
+// StartSentinel starts a Redis Sentinel on a free port that monitors
+// master under name, with a quorum of one: on its own it can fail the
+// master over (SENTINEL FAILOVER) to a replica.
+func StartSentinel(t testing.TB, master *Server, name string) *Server {
+	t.Helper()
+	bin := Binary(t)
+	s := &Server{t: t, bin: bin, dir: t.TempDir()}
+	port := freePort(t, false)
+	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	host, mport, _ := net.SplitHostPort(master.Addr)
+	conf := filepath.Join(s.dir, "sentinel.conf")
+	// Sentinel rewrites its configuration file as it learns, so the file
+	// is its own.
+	body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
+		"sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n",
+		port, s.dir, name, host, mport, name, name)
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.args = []string{conf, "--sentinel"}
+	t.Cleanup(s.Stop)
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// MasterOf asks the sentinel at addr for the address of the master it
+// knows as name.
+func MasterOf(addr, name string) (string, error) {
+	reply, err := Do(addr, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
+	if err != nil {
+		return "", err
+	}
+	host, port, ok := strings.Cut(reply, "\n")
+	if !ok {
+		return "", fmt.Errorf("redistest: sentinel %s knows no master %s: %q", addr, name, reply)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
 // Cluster is a Redis Cluster of three masters without replicas.
 type Cluster struct {
 	// Addrs holds host:port of each master.
@@ -253,7 +337,7 @@ func freePort(t testing.TB, bus bool) int {
 // server's reply is read at the end of the test.
 func Sleep(t testing.TB, addr string, d time.Duration) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	conn, err := net.DialTimeout(network(addr), addr, 2*time.Second)
 	if err != nil {
 		t.Fatalf("redistest: sleep %s: %v", addr, err)
 	}
@@ -290,7 +374,7 @@ func Do(addr string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	conn, err := d.DialContext(ctx, network(addr), addr)
 	if err != nil {
 		return "", err
 	}
@@ -306,6 +390,15 @@ func Do(addr string, args ...string) (string, error) {
 		return "", err
 	}
 	return readReply(bufio.NewReader(conn))
+}
+
+// network is the network of an address: a path starting with / is a unix
+// socket's, as go-redis reads it.
+func network(addr string) string {
+	if strings.HasPrefix(addr, "/") {
+		return "unix"
+	}
+	return "tcp"
 }
 
 func readReply(r *bufio.Reader) (string, error) {
