@@ -93,7 +93,6 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"REDIS_TIMEOUT", "store.redis.timeout applies (default 250ms): a slow Redis meets the failure mode instead of being waited for"},
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "the Redis client waits for a free connection (its pool timeout: store.redis.timeout and a second)"},
 	{"REDIS_CLUSTER_PIPELINE_PARALLELISM", "the Redis client pipelines as it does"},
-	{"REDIS_SENTINEL_AUTH", "Redis Sentinel is not supported"},
 	{"REDIS_STARTUP_INITIAL_INTERVAL", "the service does not wait for Redis at start: /healthcheck and /readyz follow the store as they do later"},
 	{"REDIS_STARTUP_MAX_INTERVAL", "the service does not wait for Redis at start: /healthcheck and /readyz follow the store as they do later"},
 	{"REDIS_STARTUP_MAX_ELAPSED_TIME", "the service does not wait for Redis at start: /healthcheck and /readyz follow the store as they do later"},
@@ -188,9 +187,6 @@ func (m *envMapper) build() yamlMap {
 	m.bool("RUNTIME_WATCH_ROOT", true)
 	if proto := m.str("PROTO", "tcp"); proto != "tcp" {
 		m.fail("PROTO: only tcp is supported")
-	}
-	if m.get("GRPC_UDS") != "" {
-		m.fail("GRPC_UDS: tokengate does not listen on a unix socket; unset it and use GRPC_HOST and GRPC_PORT")
 	}
 	if b := strings.ToLower(m.str("BACKEND_TYPE", "redis")); b != "redis" {
 		m.fail("BACKEND_TYPE: only redis is supported (the memory store serves when REDIS_URL is unset)")
@@ -290,6 +286,13 @@ func (m *envMapper) listeners() yamlMap {
 		"grpc":  m.addr("GRPC_HOST", "0.0.0.0", "GRPC_PORT", "8081"),
 		"admin": m.addr("HOST", "0.0.0.0", "PORT", "8080"),
 	}
+	// GRPC_UDS, as ratelimit reads it, replaces GRPC_HOST and GRPC_PORT.
+	if uds := m.str("GRPC_UDS", ""); uds != "" {
+		if !filepath.IsAbs(uds) {
+			m.fail("GRPC_UDS: want the unix socket's absolute path")
+		}
+		l["grpc"] = "unix:" + uds
+	}
 	ca := m.str("GRPC_CLIENT_TLS_CACERT", "")
 	if eg := m.str("GRPC_SERVER_TLS_CA_CERT", ""); eg != "" {
 		if ca != "" && ca != eg {
@@ -320,7 +323,8 @@ func (m *envMapper) listeners() yamlMap {
 	// ratelimit serves whoever reaches it; tokengate refuses that off
 	// loopback unless told (validateExposure), so the mapping tells it,
 	// and says so.
-	if host, _, err := net.SplitHostPort(l["grpc"].(string)); err == nil && !isLoopback(host) && ca == "" {
+	_, unix := UnixSocket(l["grpc"].(string))
+	if host, _, err := net.SplitHostPort(l["grpc"].(string)); err == nil && !unix && !isLoopback(host) && ca == "" {
 		l["insecure"] = true
 		m.warn("the gRPC listener %s verifies no client certificate, as ratelimit's does: whoever reaches it can spend any descriptor's limit "+
 			"(set GRPC_SERVER_USE_TLS with GRPC_CLIENT_TLS_CACERT for mTLS)", l["grpc"])
@@ -343,34 +347,69 @@ func (m *envMapper) store() yamlMap {
 		m.warn("REDIS_URL is unset: limits are counted in this process's memory, not shared between replicas and lost on restart")
 		return yamlMap{"type": "memory"}
 	}
+	unix := false
 	switch t := strings.ToLower(m.str("REDIS_SOCKET_TYPE", "unix")); t {
 	case "tcp":
-	case "unix":
-		m.fail("REDIS_SOCKET_TYPE: is unix (ratelimit's default); tokengate reaches Redis over TCP only: set REDIS_SOCKET_TYPE=tcp and REDIS_URL=host:port")
+	case "unix": // ratelimit's default
+		unix = true
 	default:
-		m.fail("REDIS_SOCKET_TYPE: want tcp")
+		m.fail("REDIS_SOCKET_TYPE: want tcp or unix")
 	}
 	r := yamlMap{}
+	redisType := strings.ToLower(m.str("REDIS_TYPE", "single"))
+	parts := strings.Split(url, ",")
+	switch redisType {
+	case "single", "cluster":
+	case "sentinel":
+		// ratelimit's form: the master's name, then the sentinels.
+		if len(parts) < 2 {
+			m.fail("REDIS_URL: with REDIS_TYPE=sentinel, want the master's name and the sentinels: name,host:port,...")
+			return yamlMap{"type": "redis", "redis": r}
+		}
+		sn := yamlMap{"master": strings.TrimSpace(parts[0])}
+		if auth := m.get("REDIS_SENTINEL_AUTH"); auth != "" {
+			if strings.Contains(auth, ":") {
+				m.fail("REDIS_SENTINEL_AUTH: the user:password form is not supported; set REDIS_SENTINEL_AUTH to the password alone")
+			}
+			sn["password_env"] = "REDIS_SENTINEL_AUTH"
+		}
+		r["sentinel"] = sn
+		parts = parts[1:]
+	default:
+		m.fail("REDIS_TYPE: want single, cluster or sentinel")
+	}
+	if redisType != "sentinel" && m.get("REDIS_SENTINEL_AUTH") != "" {
+		m.warn("REDIS_SENTINEL_AUTH is set but REDIS_TYPE is not sentinel: no sentinel is asked")
+	}
+	if unix && redisType != "single" {
+		m.fail("REDIS_SOCKET_TYPE: is unix (ratelimit's default), but a %s is reached over TCP: set REDIS_SOCKET_TYPE=tcp", redisType)
+		unix = false
+	}
 	var addrs []string
-	for _, a := range strings.Split(url, ",") {
+	for _, a := range parts {
 		a = strings.TrimSpace(a)
-		// The value is not repeated: a URL may carry a password.
-		if strings.ContainsAny(a, "@/") || hostPort(a) != nil {
+		switch {
+		case unix:
+			if !filepath.IsAbs(a) {
+				m.fail("REDIS_URL: with REDIS_SOCKET_TYPE=unix, want the unix socket's absolute path (or set REDIS_SOCKET_TYPE=tcp for host:port)")
+			}
+			a = "unix:" + a
+		case strings.ContainsAny(a, "@/") || hostPort(a) != nil:
+			// The value is not repeated: a URL may carry a password.
 			m.fail("REDIS_URL: want host:port, or host:port,host:port,... with REDIS_TYPE=cluster (no scheme, no password: REDIS_AUTH carries it)")
-			break
 		}
 		addrs = append(addrs, a)
 	}
-	r["addrs"] = addrs
-	switch t := strings.ToLower(m.str("REDIS_TYPE", "single")); t {
+	switch redisType {
 	case "single":
 		if len(addrs) > 1 {
 			m.fail("REDIS_URL: names several addresses; that is a cluster: set REDIS_TYPE=cluster")
 		}
+		r["addrs"] = addrs
 	case "cluster":
-		r["cluster"] = true
-	default:
-		m.fail("REDIS_TYPE: want single or cluster (sentinel is not supported)")
+		r["addrs"], r["cluster"] = addrs, true
+	case "sentinel":
+		r["sentinel"].(yamlMap)["addrs"] = addrs
 	}
 	if auth := m.get("REDIS_AUTH"); auth != "" {
 		if strings.Contains(auth, ":") {

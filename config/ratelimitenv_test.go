@@ -54,6 +54,15 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"MERGE_DOMAIN_CONFIG": "true", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "9081", "HOST": "127.0.0.1", "PORT": "9080",
 		"LIMIT_RESET_HEADER": "X-Reset-In", "RESPONSE_DYNAMIC_METADATA": "false",
 	}
+	sockets := map[string]string{ // GRPC_UDS, and Redis on its socket (REDIS_SOCKET_TYPE's default)
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "127.0.0.1:18002", "GRPC_UDS": "/run/rl/grpc.sock",
+		"REDIS_URL": "/var/run/nutcracker/ratelimit.sock", "REDIS_SENTINEL_AUTH": "pw",
+	}
+	sentinel := map[string]string{
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "127.0.0.1:18002", "GRPC_HOST": "127.0.0.1",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "Sentinel", "REDIS_URL": "mymaster, s1:26379,s2:26379",
+		"REDIS_AUTH": "master-pw", "REDIS_SENTINEL_AUTH": "sentinel-pw",
+	}
 	for _, tc := range []struct {
 		name  string
 		env   map[string]string
@@ -103,6 +112,24 @@ func TestFromRatelimitEnv(t *testing.T) {
 				t.Errorf("limit_response_headers %+v: names %q %q %q, want ratelimit's defaults but X-RateLimit-Left", h, limit, remaining, reset)
 			}
 		}, []string{"REDIS_URL is unset", "verifies no client certificate"}},
+		{"sockets", sockets, "warn", func(t *testing.T, c *Config) {
+			if l := c.Listeners; l.GRPC != "unix:/run/rl/grpc.sock" || l.Insecure {
+				t.Errorf("listeners %+v: want the socket of GRPC_UDS, not insecure", l)
+			}
+			if r := c.Store.Redis; !slices.Equal(r.Addrs, []string{"unix:/var/run/nutcracker/ratelimit.sock"}) || r.Sentinel != nil {
+				t.Errorf("redis %+v: want its socket", r)
+			}
+		}, []string{"REDIS_SENTINEL_AUTH is set but REDIS_TYPE is not sentinel"}},
+		{"sentinel", sentinel, "warn", func(t *testing.T, c *Config) {
+			r := c.Store.Redis
+			sn := r.Sentinel
+			if sn == nil || sn.Master != "mymaster" || !slices.Equal(sn.Addrs, []string{"s1:26379", "s2:26379"}) || sn.PasswordEnv != "REDIS_SENTINEL_AUTH" {
+				t.Fatalf("redis %+v sentinel %+v", r, sn)
+			}
+			if len(r.Addrs) != 0 || r.Cluster || r.PasswordEnv != "REDIS_AUTH" {
+				t.Errorf("redis %+v: want no addrs of its own, the master's password from REDIS_AUTH", r)
+			}
+		}, nil},
 		{"file", file, "warn", func(t *testing.T, c *Config) {
 			r := c.Store.Redis
 			if !r.Cluster || len(r.Addrs) != 2 || r.Addrs[1] != "r2:6379" || r.PasswordEnv != "REDIS_AUTH" {
@@ -165,11 +192,16 @@ func TestFromRatelimitEnvRefuses(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_DELTA"}, "CONFIG_TYPE: want FILE or GRPC_XDS_SOTW"},
-		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}, "REDIS_SOCKET_TYPE: is unix"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_URL": "redis:6379"}, "REDIS_URL: with REDIS_SOCKET_TYPE=unix, want the unix socket's absolute path"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_TYPE": "cluster", "REDIS_URL": "a:1,b:2"}, "REDIS_SOCKET_TYPE: is unix (ratelimit's default), but a cluster is reached over TCP"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "udp", "REDIS_URL": "a:1"}, "REDIS_SOCKET_TYPE: want tcp or unix"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster"}, "want the master's name and the sentinels"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "m,s:1", "REDIS_SENTINEL_AUTH": "user:hunter22"}, "REDIS_SENTINEL_AUTH: the user:password form"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "replicated", "REDIS_URL": "a:1"}, "REDIS_TYPE: want single, cluster or sentinel"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis://u:hunter22@r:6379"}, "REDIS_URL: want host:port"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "a:1,b:2"}, "set REDIS_TYPE=cluster"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "a:1", "REDIS_AUTH": "user:hunter22"}, "REDIS_AUTH: the user:password form"},
-		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_UDS": "/tmp/rl.sock"}, "GRPC_UDS"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_UDS": "rl.sock"}, "GRPC_UDS: want the unix socket's absolute path"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "yes please"}, "GRPC_SERVER_USE_TLS: want true or false"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT: is required"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LOG_LEVEL": "loud"}, "LOG_LEVEL"},

@@ -48,6 +48,7 @@ func TestValidateAndServeAgree(t *testing.T) {
 	// admin API's token come from the environment at run time.
 	t.Setenv("TOKENGATE_REDIS_PASSWORD", "secret")
 	t.Setenv("TOKENGATE_TEST_REDIS_PASSWORD", "secret")
+	t.Setenv("TOKENGATE_TEST_SENTINEL_PASSWORD", "secret")
 	t.Setenv("TOKENGATE_TEST_ADMIN_TOKEN", "secret")
 	valid, invalid := 0, 0
 	for _, f := range configFixtures(t) {

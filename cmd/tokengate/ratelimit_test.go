@@ -71,6 +71,22 @@ func TestRatelimitServesRatelimitsEnvironment(t *testing.T) {
 		srv := redistest.Start(t)
 		testRatelimitEnvironment(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + srv.Addr}, "redis", srv)
 	})
+	// GRPC_UDS, and Redis on its socket: REDIS_SOCKET_TYPE unset is unix,
+	// ratelimit's default. This Redis has no TCP port.
+	t.Run("unix sockets", func(t *testing.T) {
+		srv := redistest.StartUnix(t)
+		testRatelimitEnvironment(t, []string{"GRPC_UDS=" + filepath.Join(socketDir(t), "rl.sock"), "REDIS_URL=" + srv.Addr}, "redis", srv)
+	})
+	// REDIS_TYPE=sentinel: the master's name, then the sentinels.
+	t.Run("sentinel", func(t *testing.T) {
+		master := redistest.Start(t)
+		redistest.StartReplica(t, master)
+		sentinel := redistest.StartSentinel(t, master, "rl")
+		testRatelimitEnvironment(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=sentinel", "REDIS_URL=rl," + sentinel.Addr}, "redis", nil)
+		if n, err := redistest.Do(master.Addr, "DBSIZE"); err != nil || n == "0" {
+			t.Errorf("the master holds %q keys (%v), want the calls' counts", n, err)
+		}
+	})
 }
 
 // testRatelimitEnvironment runs the test on a store; with srv, the Redis
@@ -119,7 +135,11 @@ descriptors:
 		t.Errorf("the start does not log %s:\n%s", want, p.stderr.String())
 	}
 
-	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	target := p.grpc
+	if strings.HasPrefix(target, "/") { // GRPC_UDS
+		target = "unix:" + target
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
