@@ -23,6 +23,9 @@ type RatelimitEnv struct {
 	YAML []byte
 	// LogLevel is LOG_LEVEL as slog reads it: debug, info, warn or error.
 	LogLevel string
+	// Files are the ratelimit files listed (CONFIG_TYPE=FILE), which
+	// YAML names.
+	Files []string
 	// Warnings name each variable set that tokengate ignores or reads
 	// differently, never its value.
 	Warnings []string
@@ -121,11 +124,12 @@ func FromRatelimitEnv(getenv func(string) string) (*RatelimitEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &RatelimitEnv{YAML: data, LogLevel: m.level, Warnings: m.warns}, nil
+	return &RatelimitEnv{YAML: data, LogLevel: m.level, Files: m.files, Warnings: m.warns}, nil
 }
 
 type envMapper struct {
 	get   func(string) string
+	files []string
 	level string
 	warns []string
 	errs  []error
@@ -464,7 +468,7 @@ func (m *envMapper) ratelimit() yamlMap {
 		case len(files) == 0:
 			m.fail("RUNTIME_ROOT: %s holds no .yaml or .yml file (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY); tokengate needs ratelimit's configuration, or CONFIG_TYPE=GRPC_XDS_SOTW", dir)
 		}
-		rl["files"] = files
+		rl["files"], m.files = files, files
 	case "GRPC_XDS_SOTW":
 		rl["xds"] = m.xds()
 	default:

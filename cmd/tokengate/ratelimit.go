@@ -31,8 +31,10 @@ every variable.
 
 A variable tokengate does without is logged as a warning naming it (never
 its value); one that cannot be served as asked is an error. The admin API
-is off: the admin listener answers health and metrics only. SIGHUP reads
-the environment's files again.`
+is off: the admin listener answers health and metrics only. A file of
+RUNTIME_ROOT changed, added or removed (a ConfigMap's update included) is
+read again within a second, as ratelimit's watch reads it; so is every
+file on SIGHUP, which maps the environment again.`
 
 // runRatelimit maps ratelimit's environment (getenv) onto a configuration
 // and serves it as serve does.
@@ -63,6 +65,10 @@ func runRatelimit(ctx context.Context, args []string, getenv func(string) string
 		return err
 	}
 	routeRedisLogs(logger, lvl)
+	var stamps []fileStamp // the files as they are before they are read
+	for _, f := range env.Files {
+		stamps = append(stamps, stampOf(f))
+	}
 	cfg, err := config.Parse(config.RatelimitEnvFile, env.YAML)
 	if err != nil {
 		return err
@@ -76,7 +82,16 @@ func runRatelimit(ctx context.Context, args []string, getenv func(string) string
 			return nil, err
 		}
 		return config.Parse(config.RatelimitEnvFile, env.YAML)
+	}, files: func() []string {
+		// An environment that no longer maps lists nothing: the change is
+		// seen, and its reload says what is wrong.
+		env, err := config.FromRatelimitEnv(getenv)
+		if err != nil {
+			return nil
+		}
+		return env.Files
 	}}
+	src.stamps = stamps
 	logger.Info("tokengate starting as envoyproxy/ratelimit", "store", cfg.Store.Type, "policies", len(cfg.Policies),
 		"xds", cfg.Ratelimit.XDS != nil, "grpc", cfg.Listeners.GRPC, "admin", cfg.Listeners.Admin)
 	return serveWith(ctx, cfg, logger, nil, src)

@@ -4,16 +4,18 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/metrics"
 )
 
-// reloadPoll is how often serve looks at its configuration file's size and
-// modification time. Polling a stat needs no dependency and follows a file
-// replaced by a rename or a Kubernetes ConfigMap's symlink swap, which
-// watching the file's inode would miss.
+// reloadPoll is how often serve looks at its configuration file's and its
+// ratelimit files' sizes and modification times. Polling a stat needs no
+// dependency and follows a file replaced by a rename or a Kubernetes
+// ConfigMap's symlink swap, which watching the file's inode would miss.
 const reloadPoll = 500 * time.Millisecond
 
 // reloadSource is where serve's configuration came from, so it can be read
@@ -21,16 +23,23 @@ const reloadPoll = 500 * time.Millisecond
 type reloadSource struct {
 	path        string // "" on the embedded defaults
 	grpc, admin string
-	stamp       fileStamp // the file as it was when serve read it
-	hup         <-chan os.Signal
+	// stamps are path's and the ratelimit files' as they were when serve
+	// read them (reloader.watched); those of serve's ratelimit files are
+	// taken when the reloader starts.
+	stamps []fileStamp
+	hup    <-chan os.Signal
 	// load, when set, reads the configuration instead of path: `tokengate
 	// ratelimit` maps its environment again (listing the files again).
 	load func() (*config.Config, error)
+	// files, with load, lists the ratelimit files the environment names
+	// now: a file added to or removed from its directory is a change too.
+	files func() []string
 }
 
 // fileStamp is what tells a changed file: its size and modification time.
 type fileStamp struct {
-	mod  time.Time
+	path string
+	mod  int64 // Unix nanoseconds
 	size int64
 	ok   bool // the file could be read
 }
@@ -38,9 +47,9 @@ type fileStamp struct {
 func stampOf(path string) fileStamp {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return fileStamp{}
+		return fileStamp{path: path}
 	}
-	return fileStamp{mod: fi.ModTime(), size: fi.Size(), ok: true}
+	return fileStamp{path: path, mod: fi.ModTime().UnixNano(), size: fi.Size(), ok: true}
 }
 
 // reloader applies a changed configuration file, on SIGHUP or when the
@@ -61,11 +70,17 @@ func newReloader(src *reloadSource, p *parts, logger *slog.Logger) *reloader {
 	return &reloader{src: src, parts: p, logger: logger}
 }
 
-// run reloads on SIGHUP and when the file changes, until ctx ends.
+// run reloads on SIGHUP and when the file or a ratelimit file changes (or,
+// under `tokengate ratelimit`, one is added or removed), until ctx ends.
 func (r *reloader) run(ctx context.Context) {
 	t := time.NewTicker(reloadPoll)
 	defer t.Stop()
-	stamp := r.src.stamp
+	stamps := r.src.stamps
+	if r.src.load == nil {
+		for _, f := range r.ratelimitFiles() {
+			stamps = append(stamps, stampOf(f))
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -73,17 +88,51 @@ func (r *reloader) run(ctx context.Context) {
 		case <-r.src.hup:
 			r.reload("sighup")
 		case <-t.C:
-			if r.src.path == "" {
+			if r.src.path == "" && r.src.load == nil {
 				continue
 			}
-			if s := stampOf(r.src.path); s != stamp {
-				stamp = s
-				if s.ok { // a file being replaced may be missing for a moment
+			if s := r.watched(); !slices.Equal(s, stamps) {
+				stamps = s
+				// A file being replaced may be missing for a moment.
+				if !slices.ContainsFunc(s, func(f fileStamp) bool { return !f.ok }) {
 					r.reload("file")
 				}
 			}
 		}
 	}
+}
+
+// watched stamps the files a reload reads: the configuration file, and the
+// ratelimit files (ratelimit.files of the configuration in force, or those
+// `tokengate ratelimit`'s environment names now).
+func (r *reloader) watched() []fileStamp {
+	var s []fileStamp
+	if r.src.path != "" {
+		s = append(s, stampOf(r.src.path))
+	}
+	for _, f := range r.ratelimitFiles() {
+		s = append(s, stampOf(f))
+	}
+	return s
+}
+
+// ratelimitFiles are the paths of the ratelimit files a reload reads.
+func (r *reloader) ratelimitFiles() []string {
+	if r.src.files != nil {
+		return r.src.files()
+	}
+	rl := r.parts.admin.Config().Ratelimit
+	if rl == nil {
+		return nil
+	}
+	paths := make([]string, len(rl.Files))
+	for i, f := range rl.Files {
+		if !filepath.IsAbs(f) { // as config reads them: beside the file
+			f = filepath.Join(filepath.Dir(r.src.path), f)
+		}
+		paths[i] = f
+	}
+	return paths
 }
 
 // reload reads the file again and applies it if it is valid and needs no

@@ -87,7 +87,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer signal.Stop(hup)
 	src := &reloadSource{path: *path, grpc: *grpcAddr, admin: *adminAddr, hup: hup}
 	if *path != "" {
-		src.stamp = stampOf(*path)
+		src.stamps = []fileStamp{stampOf(*path)}
 	}
 	cfg, err := loadConfig(*path)
 	if err != nil {

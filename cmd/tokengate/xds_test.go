@@ -193,7 +193,7 @@ func serveReloading(t *testing.T, path string, hup chan os.Signal) (*inProcess, 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &inProcess{grpc: gl.Addr().String(), admin: "http://" + al.Addr().String(), cancel: cancel, done: make(chan error, 1)}
-	src := &reloadSource{path: path, hup: hup, stamp: stampOf(path)}
+	src := &reloadSource{path: path, hup: hup, stamps: []fileStamp{stampOf(path)}}
 	logs := &testWriter{t: t}
 	logger := slog.New(slog.NewJSONHandler(logs, nil))
 	go func() { s.done <- serveWith(ctx, cfg, logger, &listeners{grpc: gl, admin: al}, src) }()
