@@ -190,11 +190,15 @@ type Fleet struct {
 // (host:port, or unix:PATH for its unix socket), several (or Cluster) a
 // Redis Cluster; with Sentinel, the master its sentinels name.
 type Redis struct {
-	Addrs       []string      `yaml:"addrs"`
-	Sentinel    *Sentinel     `yaml:"sentinel"`
-	Cluster     bool          `yaml:"cluster"`
-	Username    string        `yaml:"username"`
-	PasswordEnv string        `yaml:"password_env"`
+	Addrs       []string  `yaml:"addrs"`
+	Sentinel    *Sentinel `yaml:"sentinel"`
+	Cluster     bool      `yaml:"cluster"`
+	Username    string    `yaml:"username"`
+	PasswordEnv string    `yaml:"password_env"`
+	// AuthEnv names a variable holding envoyproxy/ratelimit's REDIS_AUTH:
+	// user:password, or the password alone (split at the first colon, as
+	// ratelimit splits it). It replaces username and password_env.
+	AuthEnv     string        `yaml:"auth_env"`
 	DB          int           `yaml:"db"`
 	TLS         *TLS          `yaml:"tls"`
 	KeyPrefix   string        `yaml:"key_prefix"`
@@ -213,6 +217,8 @@ type Sentinel struct {
 	Addrs       []string `yaml:"addrs"`
 	Username    string   `yaml:"username"`
 	PasswordEnv string   `yaml:"password_env"`
+	// AuthEnv is ratelimit's REDIS_SENTINEL_AUTH, as Redis.AuthEnv.
+	AuthEnv string `yaml:"auth_env"`
 }
 
 // UnixSocket reports whether addr, a listener's or Redis's address, names

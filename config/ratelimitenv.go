@@ -19,7 +19,7 @@ import (
 // environment asks that tokengate does not do.
 type RatelimitEnv struct {
 	// YAML is the configuration, for Parse; it names no secret (REDIS_AUTH
-	// becomes store.redis.password_env).
+	// becomes store.redis.auth_env).
 	YAML []byte
 	// LogLevel is LOG_LEVEL as slog reads it: debug, info, warn or error.
 	LogLevel string
@@ -371,11 +371,8 @@ func (m *envMapper) store() yamlMap {
 			return yamlMap{"type": "redis", "redis": r}
 		}
 		sn := yamlMap{"master": strings.TrimSpace(parts[0])}
-		if auth := m.get("REDIS_SENTINEL_AUTH"); auth != "" {
-			if strings.Contains(auth, ":") {
-				m.fail("REDIS_SENTINEL_AUTH: the user:password form is not supported; set REDIS_SENTINEL_AUTH to the password alone")
-			}
-			sn["password_env"] = "REDIS_SENTINEL_AUTH"
+		if m.get("REDIS_SENTINEL_AUTH") != "" {
+			sn["auth_env"] = "REDIS_SENTINEL_AUTH"
 		}
 		r["sentinel"] = sn
 		parts = parts[1:]
@@ -415,11 +412,10 @@ func (m *envMapper) store() yamlMap {
 	case "sentinel":
 		r["sentinel"].(yamlMap)["addrs"] = addrs
 	}
-	if auth := m.get("REDIS_AUTH"); auth != "" {
-		if strings.Contains(auth, ":") {
-			m.fail("REDIS_AUTH: the user:password form is not supported; set REDIS_AUTH to the password alone")
-		}
-		r["password_env"] = "REDIS_AUTH"
+	// The value stays in the environment, read as ratelimit reads it:
+	// user:password, or the password alone.
+	if m.get("REDIS_AUTH") != "" {
+		r["auth_env"] = "REDIS_AUTH"
 	}
 	if p := m.str("REDIS_POOL_SIZE", ""); p != "" {
 		n, err := strconv.Atoi(p)

@@ -123,16 +123,16 @@ func TestFromRatelimitEnv(t *testing.T) {
 		{"sentinel", sentinel, "warn", func(t *testing.T, c *Config) {
 			r := c.Store.Redis
 			sn := r.Sentinel
-			if sn == nil || sn.Master != "mymaster" || !slices.Equal(sn.Addrs, []string{"s1:26379", "s2:26379"}) || sn.PasswordEnv != "REDIS_SENTINEL_AUTH" {
+			if sn == nil || sn.Master != "mymaster" || !slices.Equal(sn.Addrs, []string{"s1:26379", "s2:26379"}) || sn.AuthEnv != "REDIS_SENTINEL_AUTH" || sn.PasswordEnv != "" {
 				t.Fatalf("redis %+v sentinel %+v", r, sn)
 			}
-			if len(r.Addrs) != 0 || r.Cluster || r.PasswordEnv != "REDIS_AUTH" {
-				t.Errorf("redis %+v: want no addrs of its own, the master's password from REDIS_AUTH", r)
+			if len(r.Addrs) != 0 || r.Cluster || r.AuthEnv != "REDIS_AUTH" || r.PasswordEnv != "" {
+				t.Errorf("redis %+v: want no addrs of its own, the master's credentials from REDIS_AUTH", r)
 			}
 		}, nil},
 		{"file", file, "warn", func(t *testing.T, c *Config) {
 			r := c.Store.Redis
-			if !r.Cluster || len(r.Addrs) != 2 || r.Addrs[1] != "r2:6379" || r.PasswordEnv != "REDIS_AUTH" {
+			if !r.Cluster || len(r.Addrs) != 2 || r.Addrs[1] != "r2:6379" || r.AuthEnv != "REDIS_AUTH" {
 				t.Errorf("redis %+v", r)
 			}
 			if r.TLS == nil || r.TLS.CAFile != ca || r.TLS.CertFile != crt {
@@ -196,11 +196,9 @@ func TestFromRatelimitEnvRefuses(t *testing.T) {
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_TYPE": "cluster", "REDIS_URL": "a:1,b:2"}, "REDIS_SOCKET_TYPE: is unix (ratelimit's default), but a cluster is reached over TCP"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "udp", "REDIS_URL": "a:1"}, "REDIS_SOCKET_TYPE: want tcp or unix"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster"}, "want the master's name and the sentinels"},
-		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "m,s:1", "REDIS_SENTINEL_AUTH": "user:hunter22"}, "REDIS_SENTINEL_AUTH: the user:password form"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "replicated", "REDIS_URL": "a:1"}, "REDIS_TYPE: want single, cluster or sentinel"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis://u:hunter22@r:6379"}, "REDIS_URL: want host:port"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "a:1,b:2"}, "set REDIS_TYPE=cluster"},
-		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "a:1", "REDIS_AUTH": "user:hunter22"}, "REDIS_AUTH: the user:password form"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_UDS": "rl.sock"}, "GRPC_UDS: want the unix socket's absolute path"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "yes please"}, "GRPC_SERVER_USE_TLS: want true or false"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT: is required"},

@@ -376,6 +376,9 @@ func (v *validator) validateSentinel(r *Redis) {
 			v.add(fmt.Sprintf("store.redis.sentinel.addrs[%d]", i), "%v", err)
 		}
 	}
+	if sn.AuthEnv != "" && (sn.Username != "" || sn.PasswordEnv != "") {
+		v.add("store.redis.sentinel.auth_env", "carries the user and the password (user:password, or the password alone): set it or username and password_env")
+	}
 	if len(r.Addrs) > 0 {
 		v.add("store.redis.addrs", "is set together with store.redis.sentinel: the sentinels name the master; set one of the two")
 	}
@@ -401,6 +404,9 @@ func (v *validator) validateStore(s *Store) {
 			} else if _, unix := UnixSocket(a); unix && (len(r.Addrs) > 1 || r.Cluster) {
 				v.add(fmt.Sprintf("store.redis.addrs[%d]", i), "%q: a unix socket reaches one standalone Redis, not a cluster", a)
 			}
+		}
+		if r.AuthEnv != "" && (r.Username != "" || r.PasswordEnv != "") {
+			v.add("store.redis.auth_env", "carries the user and the password (user:password, or the password alone): set it or username and password_env")
 		}
 		if r.DialTimeout < 0 {
 			v.add("store.redis.dial_timeout", "must not be negative, got %s", r.DialTimeout)

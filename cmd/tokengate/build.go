@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -410,22 +411,20 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 		return buckets.NewMemory(buckets.MemoryOptions{Now: now}), nil, nil
 	case "redis":
 		rc := cfg.Store.Redis
+		user, pw, err := redisCredentials("store.redis", rc.Username, rc.PasswordEnv, rc.AuthEnv)
+		if err != nil {
+			return nil, nil, err
+		}
 		opts := &redis.UniversalOptions{
 			Addrs:         redisAddrs(&rc),
-			Username:      rc.Username,
+			Username:      user,
+			Password:      pw,
 			DB:            rc.DB,
 			DialTimeout:   rc.DialTimeout,
 			ReadTimeout:   rc.Timeout,
 			WriteTimeout:  rc.Timeout,
 			PoolSize:      rc.PoolSize,
 			IsClusterMode: rc.Cluster,
-		}
-		if rc.PasswordEnv != "" {
-			pw, ok := os.LookupEnv(rc.PasswordEnv)
-			if !ok {
-				return nil, nil, fmt.Errorf("store.redis.password_env: environment variable %s is not set", rc.PasswordEnv)
-			}
-			opts.Password = pw
 		}
 		if len(rc.Addrs) == 1 {
 			if _, unix := config.UnixSocket(rc.Addrs[0]); unix {
@@ -435,13 +434,9 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 			}
 		}
 		if sn := rc.Sentinel; sn != nil {
-			opts.MasterName, opts.SentinelUsername = sn.Master, sn.Username
-			if sn.PasswordEnv != "" {
-				pw, ok := os.LookupEnv(sn.PasswordEnv)
-				if !ok {
-					return nil, nil, fmt.Errorf("store.redis.sentinel.password_env: environment variable %s is not set", sn.PasswordEnv)
-				}
-				opts.SentinelPassword = pw
+			opts.MasterName = sn.Master
+			if opts.SentinelUsername, opts.SentinelPassword, err = redisCredentials("store.redis.sentinel", sn.Username, sn.PasswordEnv, sn.AuthEnv); err != nil {
+				return nil, nil, err
 			}
 		}
 		if rc.TLS != nil {
@@ -462,6 +457,32 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 		return redisstore.New(client, redisstore.Options{Prefix: rc.KeyPrefix, Cluster: rc.Cluster}), client.Close, nil
 	}
 	return nil, nil, fmt.Errorf("store.type: unknown store %q", cfg.Store.Type)
+}
+
+// redisCredentials are the user and password of a Redis connection (field is
+// its configuration's): username and password_env's variable, or
+// auth_env's variable split at its first colon as envoyproxy/ratelimit
+// splits REDIS_AUTH (no colon: the password alone). A variable named but
+// not set is an error naming it, never a value.
+func redisCredentials(field, username, passwordEnv, authEnv string) (user, password string, err error) {
+	name, key := passwordEnv, "password_env"
+	if authEnv != "" {
+		name, key = authEnv, "auth_env"
+	}
+	if name == "" {
+		return username, "", nil
+	}
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return "", "", fmt.Errorf("%s.%s: environment variable %s is not set", field, key, name)
+	}
+	if authEnv == "" {
+		return username, v, nil
+	}
+	if u, p, found := strings.Cut(v, ":"); found {
+		return u, p, nil
+	}
+	return "", v, nil
 }
 
 // redisAddrs are the addresses go-redis dials: the sentinels' with

@@ -71,6 +71,24 @@ func TestRatelimitServesRatelimitsEnvironment(t *testing.T) {
 		srv := redistest.Start(t)
 		testRatelimitEnvironment(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + srv.Addr}, "redis", srv)
 	})
+	// REDIS_AUTH as user:password, split at its first colon as ratelimit
+	// splits it: this Redis admits only its ACL user ratelimit, whose
+	// password has colons of its own.
+	t.Run("redis user", func(t *testing.T) {
+		srv := redistest.Start(t)
+		for _, cmd := range [][]string{
+			{"ACL", "SETUSER", "ratelimit", "on", ">s3cret:with:colons", "~*", "&*", "+@all"},
+			{"ACL", "SETUSER", "default", "off"},
+		} {
+			if _, err := redistest.Do(srv.Addr, cmd...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := redistest.Do(srv.Addr, "PING"); err == nil {
+			t.Fatal("Redis answers without a user: the test would prove nothing")
+		}
+		testRatelimitEnvironment(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + srv.Addr, "REDIS_AUTH=ratelimit:s3cret:with:colons"}, "redis", nil)
+	})
 	// GRPC_UDS, and Redis on its socket: REDIS_SOCKET_TYPE unset is unix,
 	// ratelimit's default. This Redis has no TCP port.
 	t.Run("unix sockets", func(t *testing.T) {
