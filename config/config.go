@@ -140,6 +140,13 @@ type Listeners struct {
 	// is awaited; a stream past it is forwarded unread and charged its
 	// reservation. Default 4 MiB.
 	MaxEventBytes int `yaml:"max_event_bytes"`
+	// MaxConnectionAge ends a gRPC connection this long after it opened
+	// (GOAWAY, with gRPC's jitter of 10%), so that Envoy reconnects and
+	// its load spreads over replicas added since; 0 keeps connections.
+	// Streams open on the old connection go on for up to
+	// MaxConnectionAgeGrace (0: until they end), then it is closed.
+	MaxConnectionAge      time.Duration `yaml:"max_connection_age"`
+	MaxConnectionAgeGrace time.Duration `yaml:"max_connection_age_grace"`
 	// Insecure allows, for a mesh whose sidecar provides mTLS, the ext_proc
 	// listener on a non-loopback address without client certificates, and
 	// the admin API on a non-loopback address without admin_tls. Without it

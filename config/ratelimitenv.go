@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	yaml "go.yaml.in/yaml/v3"
 )
@@ -40,8 +41,6 @@ const RatelimitEnvFile = "ratelimit environment"
 var ratelimitIgnored = []struct{ name, why string }{
 	{"DEBUG_HOST", "there is no debug listener"},
 	{"DEBUG_PORT", "there is no debug listener"},
-	{"GRPC_MAX_CONNECTION_AGE", "connections are not aged out"},
-	{"GRPC_MAX_CONNECTION_AGE_GRACE", "connections are not aged out"},
 	{"USE_DOG_STATSD", "there is no statsd output; metrics are Prometheus on the admin listener's /metrics"},
 	{"USE_DOG_STATSD_MOGRIFIERS", "there is no statsd output"},
 	{"STATSD_HOST", "there is no statsd output"},
@@ -163,6 +162,16 @@ func (m *envMapper) bool(name string, def bool) bool {
 		return def
 	}
 	return b
+}
+
+// duration reads a variable as ratelimit's envconfig does
+// (time.ParseDuration), def when unset.
+func (m *envMapper) duration(name, def string) time.Duration {
+	d, err := time.ParseDuration(m.str(name, def))
+	if err != nil || d < 0 {
+		m.fail("%s: want a duration (24h, 90m, 30s)", name)
+	}
+	return d
 }
 
 // addr is host:port of two variables.
@@ -290,6 +299,9 @@ func (m *envMapper) listeners() yamlMap {
 		"grpc":  m.addr("GRPC_HOST", "0.0.0.0", "GRPC_PORT", "8081"),
 		"admin": m.addr("HOST", "0.0.0.0", "PORT", "8080"),
 	}
+	// ratelimit ages its connections out by default.
+	l["max_connection_age"] = m.duration("GRPC_MAX_CONNECTION_AGE", "24h").String()
+	l["max_connection_age_grace"] = m.duration("GRPC_MAX_CONNECTION_AGE_GRACE", "1h").String()
 	// GRPC_UDS, as ratelimit reads it, replaces GRPC_HOST and GRPC_PORT.
 	if uds := m.str("GRPC_UDS", ""); uds != "" {
 		if !filepath.IsAbs(uds) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // envOf is getenv over a map.
@@ -51,7 +52,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true",
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "cluster", "REDIS_URL": "r1:6379, r2:6379", "REDIS_AUTH": "s3cret",
 		"REDIS_TLS": "true", "REDIS_TLS_CLIENT_CERT": crt, "REDIS_TLS_CLIENT_KEY": key, "REDIS_TLS_CACERT": ca,
-		"MERGE_DOMAIN_CONFIG": "true", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "9081", "HOST": "127.0.0.1", "PORT": "9080",
+		"MERGE_DOMAIN_CONFIG": "true", "GRPC_MAX_CONNECTION_AGE": "90m", "GRPC_MAX_CONNECTION_AGE_GRACE": "0s", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "9081", "HOST": "127.0.0.1", "PORT": "9080",
 		"LIMIT_RESET_HEADER": "X-Reset-In", "RESPONSE_DYNAMIC_METADATA": "false",
 	}
 	sockets := map[string]string{ // GRPC_UDS, and Redis on its socket (REDIS_SOCKET_TYPE's default)
@@ -74,6 +75,9 @@ func TestFromRatelimitEnv(t *testing.T) {
 			l := c.Listeners
 			if l.GRPC != "0.0.0.0:8081" || l.Admin != "0.0.0.0:8080" || l.Insecure {
 				t.Errorf("listeners %q %q insecure=%v", l.GRPC, l.Admin, l.Insecure)
+			}
+			if l.MaxConnectionAge != 24*time.Hour || l.MaxConnectionAgeGrace != time.Hour {
+				t.Errorf("connection age %s, grace %s: want ratelimit's defaults, 24h and 1h", l.MaxConnectionAge, l.MaxConnectionAgeGrace)
 			}
 			if g := l.GRPCTLS; g == nil || g.CertFile != crt || g.KeyFile != key || g.ClientCAFile != ca {
 				t.Errorf("grpc_tls %+v", g)
@@ -142,6 +146,9 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if got := c.Ratelimit.Files; len(got) != 1 || got[0] != want {
 				t.Errorf("files %q, want [%q]", got, want)
 			}
+			if l := c.Listeners; l.MaxConnectionAge != 90*time.Minute || l.MaxConnectionAgeGrace != 0 {
+				t.Errorf("connection age %s, grace %s: want GRPC_MAX_CONNECTION_AGE's 90m and no grace limit", l.MaxConnectionAge, l.MaxConnectionAgeGrace)
+			}
 			if !c.Ratelimit.MergeDomains || c.Listeners.Insecure || c.Listeners.GRPC != "127.0.0.1:9081" {
 				t.Errorf("ratelimit %+v listeners %+v", c.Ratelimit, c.Listeners)
 			}
@@ -203,6 +210,7 @@ func TestFromRatelimitEnvRefuses(t *testing.T) {
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "yes please"}, "GRPC_SERVER_USE_TLS: want true or false"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT: is required"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "GRPC_MAX_CONNECTION_AGE": "a day"}, "GRPC_MAX_CONNECTION_AGE: want a duration"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16MB"}, "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: want a number of bytes"},
 		{map[string]string{"RUNTIME_ROOT": root}, "holds no .yaml or .yml file"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "RESPONSE_DYNAMIC_METADATA": "on"}, "RESPONSE_DYNAMIC_METADATA: want true or false"},

@@ -314,6 +314,14 @@ func (v *validator) validateListeners(l *Listeners) {
 	if l.MaxStreams < 1 {
 		v.add("listeners.max_streams", "must be at least 1, got %d", l.MaxStreams)
 	}
+	if l.MaxConnectionAge < 0 {
+		v.add("listeners.max_connection_age", "must not be negative (0 keeps connections), got %s", l.MaxConnectionAge)
+	}
+	if l.MaxConnectionAgeGrace < 0 {
+		v.add("listeners.max_connection_age_grace", "must not be negative (0 lets streams run until they end), got %s", l.MaxConnectionAgeGrace)
+	} else if l.MaxConnectionAgeGrace > 0 && l.MaxConnectionAge == 0 {
+		v.add("listeners.max_connection_age_grace", "applies to listeners.max_connection_age, which is not set")
+	}
 	if l.StreamIdleTimeout < time.Second {
 		v.add("listeners.stream_idle_timeout", "must be at least 1s (longer than the longest silence of an upstream), got %s", l.StreamIdleTimeout)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/tokengate/tokengate/admin"
 	"github.com/tokengate/tokengate/config"
@@ -119,6 +121,23 @@ func loadConfig(path string) (*config.Config, error) {
 // addresses.
 type listeners struct{ grpc, admin net.Listener }
 
+// connectionAge is the gRPC server option of listeners.max_connection_age:
+// none when it is 0. A grace of 0 is gRPC's own, infinite: streams on an
+// aged connection run until they end.
+func connectionAge(l config.Listeners) []grpc.ServerOption {
+	if l.MaxConnectionAge == 0 {
+		return nil
+	}
+	p := keepalive.ServerParameters{MaxConnectionAge: l.MaxConnectionAge, MaxConnectionAgeGrace: l.MaxConnectionAgeGrace}
+	if p.MaxConnectionAgeGrace == 0 {
+		p.MaxConnectionAgeGrace = infinity
+	}
+	return []grpc.ServerOption{grpc.KeepaliveParams(p)}
+}
+
+// infinity is gRPC's "never" for keepalive durations.
+const infinity = time.Duration(math.MaxInt64)
+
 func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls *listeners) error {
 	return serveWith(ctx, cfg, logger, ls, &reloadSource{})
 }
@@ -168,7 +187,7 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	}
 	// The ext_proc server's own options: a gRPC receive limit above the body
 	// limit, so that an oversized body gets tokengate's 413.
-	gs := grpc.NewServer(append(sec.grpc, parts.server.ServerOptions()...)...)
+	gs := grpc.NewServer(append(append(sec.grpc, parts.server.ServerOptions()...), connectionAge(cfg.Listeners)...)...)
 	parts.server.Register(gs)
 	rlsv3.RegisterRateLimitServiceServer(gs, parts.rls)
 	hs := health.NewServer()
