@@ -81,6 +81,9 @@ type Options struct {
 	// TokenSource names where the token comes from in the answer to a
 	// request without it ("the value of TG_ADMIN_TOKEN").
 	TokenSource string
+	// RateLimitJSON, when set, serves POST /json: the rate-limit
+	// service's (package rls) ShouldRateLimit over HTTP.
+	RateLimitJSON http.Handler
 	// Logger receives the overrides' warnings; nil discards them.
 	Logger *slog.Logger
 	// Now is the clock of sign-in sessions and of the page's "read at";
@@ -133,7 +136,7 @@ func New(ctx context.Context, o Options) *Server {
 	if err := s.live.sync(sctx); err != nil {
 		logger.Warn("limit overrides not read from the store at start-up; they apply once it answers", "err", err)
 	}
-	s.handler = s.routes(o.Gatherer, o.Ready)
+	s.handler = s.routes(o.Gatherer, o.Ready, o.RateLimitJSON)
 	return s
 }
 
@@ -176,7 +179,7 @@ const DefaultPoll = 250 * time.Millisecond
 // in force; it is logged once until reads succeed again.
 func (s *Server) Run(ctx context.Context, every time.Duration) { s.live.run(ctx, every) }
 
-func (s *Server) routes(g prometheus.Gatherer, ready func() error) http.Handler {
+func (s *Server) routes(g prometheus.Gatherer, ready func() error, rlsJSON http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
@@ -206,6 +209,9 @@ func (s *Server) routes(g prometheus.Gatherer, ready func() error) http.Handler 
 		// A registry also counts the handler's own errors.
 		reg, _ := g.(prometheus.Registerer)
 		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: reg}))
+	}
+	if rlsJSON != nil {
+		mux.Handle("POST /json", rlsJSON)
 	}
 	s.limitsAPI(mux)
 	mux.HandleFunc("GET /v1/usage", s.authorized(s.usage))

@@ -129,6 +129,8 @@ func FromRatelimitEnv(getenv func(string) string) (*RatelimitEnv, error) {
 type envMapper struct {
 	get   func(string) string
 	files []string
+	// mtls is set when the gRPC listener asks clients for certificates.
+	mtls  bool
 	level string
 	warns []string
 	errs  []error
@@ -162,6 +164,23 @@ func (m *envMapper) bool(name string, def bool) bool {
 		return def
 	}
 	return b
+}
+
+// jsonEndpoint serves ratelimit's POST /json on HOST:PORT, as ratelimit
+// always does, unless the gRPC listener asks clients for certificates:
+// there /json would let anyone who reaches HOST:PORT around them, so it
+// stays off, with a warning. Served off loopback, it is as open as
+// ratelimit's, which the mapping says (listeners.insecure).
+func (m *envMapper) jsonEndpoint(l, rls yamlMap) {
+	if m.mtls {
+		m.warn("POST /json is not served: the gRPC listener asks clients for certificates (GRPC_CLIENT_TLS_CACERT), and /json on HOST:PORT would let anyone around them")
+		return
+	}
+	rls["json_endpoint"] = true
+	if host, _, err := net.SplitHostPort(l["admin"].(string)); err == nil && !isLoopback(host) && l["insecure"] == nil {
+		l["insecure"] = true
+		m.warn("POST /json on %s asks no credentials, as ratelimit's does: whoever reaches it can spend any descriptor's limit", l["admin"])
+	}
 }
 
 // duration reads a variable as ratelimit's envconfig does
@@ -225,6 +244,7 @@ func (m *envMapper) build() yamlMap {
 	if h := m.limitHeaders(); h != nil {
 		rls["limit_response_headers"] = h
 	}
+	m.jsonEndpoint(doc["listeners"].(yamlMap), rls)
 	// tokengate's own: ratelimit answers every call when it has counted it.
 	if v := m.str("TOKENGATE_DEFERRED_CHARGES", ""); v != "" {
 		var domains []string
@@ -339,6 +359,7 @@ func (m *envMapper) listeners() yamlMap {
 	// ratelimit serves whoever reaches it; tokengate refuses that off
 	// loopback unless told (validateExposure), so the mapping tells it,
 	// and says so.
+	m.mtls = ca != ""
 	_, unix := UnixSocket(l["grpc"].(string))
 	if host, _, err := net.SplitHostPort(l["grpc"].(string)); err == nil && !unix && !isLoopback(host) && ca == "" {
 		l["insecure"] = true

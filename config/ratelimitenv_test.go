@@ -92,10 +92,10 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if c.AdminAPI.TokenEnv != "" {
 				t.Errorf("admin API on: %q", c.AdminAPI.TokenEnv)
 			}
-			if c.RLS == nil || !c.RLS.ResponseDynamicMetadata || c.RLS.LimitResponseHeaders.Enabled {
-				t.Errorf("rls %+v: want response_dynamic_metadata (RESPONSE_DYNAMIC_METADATA), no limit headers", c.RLS)
+			if c.RLS == nil || !c.RLS.ResponseDynamicMetadata || c.RLS.LimitResponseHeaders.Enabled || c.RLS.JSONEndpoint {
+				t.Errorf("rls %+v: want response_dynamic_metadata (RESPONSE_DYNAMIC_METADATA), no limit headers, no /json beside mTLS", c.RLS)
 			}
-		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT"}},
+		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT", "POST /json is not served"}},
 		{"ai gateway", aigw, "debug", func(t *testing.T, c *Config) {
 			l := c.Listeners
 			if l.GRPC != "0.0.0.0:8081" || l.GRPCTLS != nil || !l.Insecure {
@@ -117,13 +117,16 @@ func TestFromRatelimitEnv(t *testing.T) {
 			}
 		}, []string{"REDIS_URL is unset", "verifies no client certificate"}},
 		{"sockets", sockets, "warn", func(t *testing.T, c *Config) {
-			if l := c.Listeners; l.GRPC != "unix:/run/rl/grpc.sock" || l.Insecure {
-				t.Errorf("listeners %+v: want the socket of GRPC_UDS, not insecure", l)
+			if l := c.Listeners; l.GRPC != "unix:/run/rl/grpc.sock" || !l.Insecure {
+				t.Errorf("listeners %+v: want the socket of GRPC_UDS, and insecure for POST /json on 0.0.0.0:8080", l)
+			}
+			if c.RLS == nil || !c.RLS.JSONEndpoint {
+				t.Errorf("rls %+v: want POST /json, as ratelimit serves it", c.RLS)
 			}
 			if r := c.Store.Redis; !slices.Equal(r.Addrs, []string{"unix:/var/run/nutcracker/ratelimit.sock"}) || r.Sentinel != nil {
 				t.Errorf("redis %+v: want its socket", r)
 			}
-		}, []string{"REDIS_SENTINEL_AUTH is set but REDIS_TYPE is not sentinel"}},
+		}, []string{"REDIS_SENTINEL_AUTH is set but REDIS_TYPE is not sentinel", "POST /json on 0.0.0.0:8080 asks no credentials"}},
 		{"sentinel", sentinel, "warn", func(t *testing.T, c *Config) {
 			r := c.Store.Redis
 			sn := r.Sentinel
@@ -154,6 +157,9 @@ func TestFromRatelimitEnv(t *testing.T) {
 			}
 			if len(c.Policies) != 1 || c.RLS == nil || c.RLS.Domains[0].Domain != "ai-gateway" {
 				t.Errorf("policies %d rls %+v", len(c.Policies), c.RLS)
+			}
+			if !c.RLS.JSONEndpoint {
+				t.Errorf("rls %+v: want POST /json on the loopback HOST", c.RLS)
 			}
 			if c.RLS.LimitResponseHeaders != (RLSLimitHeaders{}) || c.RLS.ResponseDynamicMetadata {
 				t.Errorf("rls %+v: want no limit headers (LIMIT_RESPONSE_HEADERS_ENABLED unset) and no metadata", c.RLS)

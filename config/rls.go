@@ -48,6 +48,11 @@ type RLS struct {
 	// RateLimit-Reset to every answer's response_headers_to_add, as
 	// ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED does (§3.5).
 	LimitResponseHeaders RLSLimitHeaders `yaml:"limit_response_headers"`
+	// JSONEndpoint serves ShouldRateLimit over HTTP at POST /json on the
+	// admin listener, as ratelimit's /json (§3.7): a RateLimitRequest in
+	// protobuf's JSON, the answer likewise, 429 when over the limit. Like
+	// the gRPC service it asks no credentials.
+	JSONEndpoint bool `yaml:"json_endpoint"`
 	// DeferredCharges are the domains whose hits (a call of descriptors that
 	// all carry hits other than 0) come only from Envoy's stream-done call
 	// (apply_on_stream_done: AI Gateway's and Envoy Gateway's response

@@ -63,6 +63,13 @@ func (v *validator) validateExposure(c *Config) (grpcOpen, adminOpen bool) {
 				"if a mesh sidecar provides mTLS", l.GRPC)
 		}
 	}
+	if host, _, err := net.SplitHostPort(l.Admin); err == nil && !isLoopback(host) && c.RLS != nil && c.RLS.JSONEndpoint {
+		adminOpen = true
+		if !l.Insecure {
+			v.add("rls.json_endpoint", "is served on listeners.admin (%q), which is not a loopback address: anyone who reaches it can spend any descriptor's limit "+
+				"with POST /json, whatever the gRPC listener asks of clients; set listeners.insecure: true if that is meant (a mesh sidecar authenticates clients)", l.Admin)
+		}
+	}
 	if host, _, err := net.SplitHostPort(l.Admin); err == nil && !isLoopback(host) && l.AdminTLS == nil && c.AdminAPI.TokenEnv != "" {
 		adminOpen = true
 		if !l.Insecure {

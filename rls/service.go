@@ -126,6 +126,8 @@ type mapping struct {
 	// headers are the RateLimit-* header names
 	// (rls.limit_response_headers); nil when off.
 	headers *limitHeaders
+	// json serves POST /json (rls.json_endpoint).
+	json bool
 }
 
 // Service implements envoy.service.ratelimit.v3.RateLimitService on the
@@ -186,7 +188,7 @@ func (s *Service) Load(m Mapping) error {
 		}
 	}
 	if r := m.Config.RLS; r != nil {
-		lm.shadow, lm.quota, lm.metadata = r.ShadowMode, r.QuotaMode, r.ResponseDynamicMetadata
+		lm.shadow, lm.quota, lm.metadata, lm.json = r.ShadowMode, r.QuotaMode, r.ResponseDynamicMetadata, r.JSONEndpoint
 		if r.LimitResponseHeaders.Enabled {
 			lm.headers = &limitHeaders{}
 			lm.headers.limit, lm.headers.remaining, lm.headers.reset = r.LimitResponseHeaders.Names()

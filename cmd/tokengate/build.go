@@ -387,7 +387,7 @@ func (p *parts) buildAdmin(ctx context.Context, cfg *config.Config, primary buck
 	}
 	p.admin = admin.New(ctx, admin.Options{
 		Config: cfg, Gateway: p.server, OnOverrides: p.rls.SetOverrides, Overrides: overrides, Metrics: p.metrics, Gatherer: p.registry,
-		Ready: p.readiness, Token: token, TokenSource: source, Logger: logger,
+		Ready: p.readiness, Token: token, TokenSource: source, Logger: logger, RateLimitJSON: p.rls.JSONHandler(),
 	})
 	return nil
 }

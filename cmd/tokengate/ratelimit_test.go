@@ -185,6 +185,32 @@ descriptors:
 		}
 	}
 
+	// ratelimit's POST /json on HOST:PORT: the same call over HTTP, 200
+	// then 429 for a limit of 1 per minute; a body that is no request, 400.
+	jsonCall := func(body string) (int, string) {
+		t.Helper()
+		resp, err := http.Post(p.admin+"/json", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	req := `{"domain": "rl", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.9.9.9"}]}]}`
+	if st, body := jsonCall(req); st != http.StatusOK || !strings.Contains(body, `"overallCode":"OK"`) {
+		t.Errorf("POST /json: %d %s, want 200 and OK", st, body)
+	}
+	if st, body := jsonCall(req); st != http.StatusTooManyRequests || !strings.Contains(body, `"overallCode":"OVER_LIMIT"`) || !strings.Contains(body, `"requestsPerUnit":1`) {
+		t.Errorf("POST /json again: %d %s, want 429, OVER_LIMIT and the limit", st, body)
+	}
+	if st, body := jsonCall(`{"domain": "rl", "descriptors": [{"entries": [{"key": 7}]}]}`); st != http.StatusBadRequest || !strings.Contains(body, "not a RateLimitRequest") {
+		t.Errorf("POST /json with a bad body: %d %s, want 400 saying why", st, body)
+	}
+
 	// A file added to the runtime directory applies on SIGHUP: its domain,
 	// unknown (OK) until then, meets its limit of 1 per minute.
 	for range 2 {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,6 +180,16 @@ func TestServeReloadsItsRatelimitFiles(t *testing.T) {
 	call := remoteAddressCaller(t, p.grpc)
 	if err := limited(call, "rl", "10.0.0.1", 1); err != nil {
 		t.Fatal(err)
+	}
+	// ratelimit's POST /json is tokengate ratelimit's; serve has it off
+	// unless rls.json_endpoint is set.
+	resp, err := http.Post(p.admin+"/json", "application/json", strings.NewReader(`{"domain": "rl"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("POST /json without rls.json_endpoint: %s, want 404", resp.Status)
 	}
 	ip := 0
 	for _, limit := range []int{4, 2} { // the second change comes after a reload of the first
