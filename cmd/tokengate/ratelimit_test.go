@@ -189,16 +189,7 @@ descriptors:
 	// then 429 for a limit of 1 per minute; a body that is no request, 400.
 	jsonCall := func(body string) (int, string) {
 		t.Helper()
-		resp, err := http.Post(p.admin+"/json", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, string(b)
+		return adminCall(t, http.MethodPost, p.admin+"/json", "", body)
 	}
 	req := `{"domain": "rl", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.9.9.9"}]}]}`
 	if st, body := jsonCall(req); st != http.StatusOK || !strings.Contains(body, `"overallCode":"OK"`) {
