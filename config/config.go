@@ -119,6 +119,16 @@ type Listeners struct {
 	GRPC string `yaml:"grpc"`
 	// Admin serves /metrics, /healthz and /readyz over HTTP.
 	Admin string `yaml:"admin"`
+	// RatelimitMetrics serves, over HTTP at RatelimitMetricsPath on this
+	// host:port, the rate-limit service's metrics under the names
+	// envoyproxy/ratelimit's Prometheus output gives them (its USE_PROMETHEUS
+	// listener, PROMETHEUS_ADDR: ratelimit_service_rate_limit_*{domain,
+	// key1,key2} and the rest of its default mapping, docs/rls.md); ""
+	// serves none. tokengate's own metrics stay on Admin.
+	RatelimitMetrics string `yaml:"ratelimit_metrics"`
+	// RatelimitMetricsPath is the path they are served at (PROMETHEUS_PATH).
+	// Default /metrics.
+	RatelimitMetricsPath string `yaml:"ratelimit_metrics_path"`
 	// MaxRecvMsgBytes bounds one gRPC message from Envoy; a BUFFERED request
 	// body travels as one message.
 	MaxRecvMsgBytes int `yaml:"max_recv_msg_bytes"`
@@ -627,4 +637,13 @@ func (c *Config) WithListeners(grpc, admin string) (*Config, error) {
 		return nil, v.problems
 	}
 	return &n, nil
+}
+
+// RatelimitMetricsAt is the path of listeners.ratelimit_metrics in force:
+// RatelimitMetricsPath, or /metrics, as ratelimit's PROMETHEUS_PATH.
+func (l Listeners) RatelimitMetricsAt() string {
+	if l.RatelimitMetricsPath == "" {
+		return "/metrics"
+	}
+	return l.RatelimitMetricsPath
 }

@@ -45,8 +45,8 @@ const IdentityOfDescriptors = "descriptor"
 //     policy's identity, and a bucket below them is per that identity;
 //   - shadow_mode, quota_mode, name, replaces and metadata (of a limit:
 //     ratelimit answers none for other descriptors) stay on their node;
-//     detailed_metric and value_to_metric are left out (noted in the YAML),
-//     tokengate labelling metrics by rule names.
+//     detailed_metric and value_to_metric stay too: they name the
+//     ratelimit-named metrics (listeners.ratelimit_metrics).
 func ImportRatelimit(files []*rlconfig.File, opts rlconfig.Options) (*Import, error) {
 	if _, err := rlconfig.Load(files, opts); err != nil {
 		return nil, err
@@ -144,21 +144,12 @@ func (c *converter) descriptors(ds []rlconfig.Descriptor, path string, base int,
 		d := &ds[i]
 		field := fmt.Sprintf("%s.descriptors[%d]", path, base+i)
 		composites := append(above[:len(above):len(above)], composite(d))
-		n := RLSDescriptor{Key: d.Key, Value: d.Value}
+		n := RLSDescriptor{Key: d.Key, Value: d.Value, DetailedMetric: d.DetailedMetric, ValueToMetric: d.ValueToMetric}
 		v := varied || varies(d)
 		if varies(d) {
 			n.Identity = c.identity
 		}
-		var notes, dropped []string
-		if d.DetailedMetric {
-			dropped = append(dropped, "detailed_metric")
-		}
-		if d.ValueToMetric {
-			dropped = append(dropped, "value_to_metric")
-		}
-		if len(dropped) > 0 {
-			notes = append(notes, "ratelimit's "+strings.Join(dropped, ", ")+" left out: tokengate labels metrics by rule names")
-		}
+		var notes []string
 		if rl := d.RateLimit; rl != nil {
 			n.Name, n.Replaces = rl.Name, rl.Replaces
 			switch {
@@ -368,7 +359,8 @@ func (im *Import) descriptorsYAML(ds []RLSDescriptor, path string) (*yaml.Node, 
 		for _, f := range []struct {
 			key string
 			on  bool
-		}{{"unlimited", d.Unlimited}, {"deny", d.Deny}, {"shadow_mode", d.ShadowMode}, {"quota_mode", d.QuotaMode}} {
+		}{{"unlimited", d.Unlimited}, {"deny", d.Deny}, {"shadow_mode", d.ShadowMode}, {"quota_mode", d.QuotaMode},
+			{"detailed_metric", d.DetailedMetric}, {"value_to_metric", d.ValueToMetric}} {
 			if f.on {
 				add(m, f.key, &yaml.Node{Kind: yaml.ScalarNode, Value: "true"})
 			}

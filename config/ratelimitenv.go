@@ -48,13 +48,10 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"EXTRA_TAGS", "metrics carry no extra tags"},
 	{"STATS_FLUSH_INTERVAL", "Prometheus is scraped, nothing is flushed"},
 	{"DISABLE_STATS", "metrics are always on the admin listener's /metrics"},
-	{"PROMETHEUS_ADDR", "metrics are on the admin listener's /metrics (HOST:PORT), not on a listener of their own"},
-	{"PROMETHEUS_PATH", "metrics are on the admin listener's /metrics"},
-	{"PROMETHEUS_MAPPER_YAML", "metric names are tokengate's own (tokengate_rls_*_total)"},
+	{"PROMETHEUS_MAPPER_YAML", "the names on PROMETHEUS_ADDR follow the default mapping (Envoy Gateway's statsd-exporter mapping differs from it: its response time is in milliseconds, and it drops stats keys of more than two levels)"},
 	{"LOG_FORMAT", "logs are JSON lines"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "keys expire with their window"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "there is no local over-limit cache"},
-	{"NEAR_LIMIT_RATIO", "there are no near-limit statistics"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "hits over the limit are counted as ratelimit counts them by default"},
 	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "/healthcheck answers as /readyz: 500 while the store is unreachable (on_failure: closed), with or without a domain"},
 	{"REDIS_PIPELINE_WINDOW", "the Redis client pipelines as it does"},
@@ -91,7 +88,7 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"MEMCACHE_TLS_CLIENT_CERT", "the store is Redis or memory"},
 	{"MEMCACHE_TLS_CLIENT_KEY", "the store is Redis or memory"},
 	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "the store is Redis or memory"},
-	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "metrics are tokengate's own, durations in seconds"},
+	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "ratelimit_service_response_time_seconds is in seconds"},
 	{"REDIS_TIMEOUT", "store.redis.timeout applies (default 250ms): a slow Redis meets the failure mode instead of being waited for"},
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "the Redis client waits for a free connection (its pool timeout: store.redis.timeout and a second)"},
 	{"REDIS_CLUSTER_PIPELINE_PARALLELISM", "the Redis client pipelines as it does"},
@@ -214,7 +211,6 @@ func (m *envMapper) build() yamlMap {
 	if m.bool("USE_STATSD", false) {
 		m.warn("USE_STATSD is true; tokengate sends no statsd: its metrics are Prometheus on the admin listener's /metrics (HOST:PORT)")
 	}
-	m.bool("USE_PROMETHEUS", false) // metrics are always on the admin listener's /metrics
 	m.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false)
 	m.bool("RUNTIME_WATCH_ROOT", true)
 	if proto := m.str("PROTO", "tcp"); proto != "tcp" {
@@ -227,6 +223,7 @@ func (m *envMapper) build() yamlMap {
 		"listeners": m.listeners(),
 		"store":     m.store(),
 	}
+	m.prometheus(doc["listeners"].(yamlMap))
 	rl := m.ratelimit()
 	if rl != nil {
 		doc["ratelimit"] = rl
@@ -237,6 +234,14 @@ func (m *envMapper) build() yamlMap {
 	}
 	if m.bool("SHADOW_MODE", false) {
 		rls["shadow_mode"] = true
+	}
+	if v := m.str("NEAR_LIMIT_RATIO", ""); v != "" {
+		// ratelimit reads it as a float32.
+		if q, err := strconv.ParseFloat(v, 32); err != nil || !(q > 0 && q <= 1) {
+			m.fail("NEAR_LIMIT_RATIO: want a share of the limit above 0 and at most 1 (ratelimit's default: 0.8)")
+		} else {
+			rls["near_limit_ratio"] = q
+		}
 	}
 	if m.bool("RESPONSE_DYNAMIC_METADATA", false) {
 		rls["response_dynamic_metadata"] = true
@@ -296,6 +301,31 @@ func (m *envMapper) limitHeaders() yamlMap {
 		m.fail("%s: %s", env[p.field], p.msg)
 	}
 	return out
+}
+
+// prometheus maps USE_PROMETHEUS, PROMETHEUS_ADDR and PROMETHEUS_PATH onto
+// listeners.ratelimit_metrics: ratelimit's names on a listener of their
+// own, ratelimit's default address :9090.
+func (m *envMapper) prometheus(l yamlMap) {
+	if !m.bool("USE_PROMETHEUS", false) {
+		for _, v := range []string{"PROMETHEUS_ADDR", "PROMETHEUS_PATH"} {
+			if m.get(v) != "" {
+				m.warn("%s is set but USE_PROMETHEUS is not true: no metrics listener of its own is served (tokengate's metrics are on the admin listener's /metrics)", v)
+			}
+		}
+		return
+	}
+	addr := m.str("PROMETHEUS_ADDR", ":9090")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		m.fail("PROMETHEUS_ADDR: want host:port or :port")
+	}
+	l["ratelimit_metrics"] = addr
+	if p := m.str("PROMETHEUS_PATH", ""); p != "" {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# ") {
+			m.fail("PROMETHEUS_PATH: want a URL path starting with / (default /metrics)")
+		}
+		l["ratelimit_metrics_path"] = p
+	}
 }
 
 // logLevel maps logrus's levels, which ratelimit reads, onto slog's.

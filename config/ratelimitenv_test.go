@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,6 +55,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"REDIS_TLS": "true", "REDIS_TLS_CLIENT_CERT": crt, "REDIS_TLS_CLIENT_KEY": key, "REDIS_TLS_CACERT": ca,
 		"MERGE_DOMAIN_CONFIG": "true", "GRPC_MAX_CONNECTION_AGE": "90m", "GRPC_MAX_CONNECTION_AGE_GRACE": "0s", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "9081", "HOST": "127.0.0.1", "PORT": "9080",
 		"LIMIT_RESET_HEADER": "X-Reset-In", "RESPONSE_DYNAMIC_METADATA": "false",
+		"NEAR_LIMIT_RATIO": "0.9", "PROMETHEUS_PATH": "/stats/prometheus",
 	}
 	sockets := map[string]string{ // GRPC_UDS, and Redis on its socket (REDIS_SOCKET_TYPE's default)
 		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "127.0.0.1:18002", "GRPC_UDS": "/run/rl/grpc.sock",
@@ -95,7 +97,10 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if c.RLS == nil || !c.RLS.ResponseDynamicMetadata || c.RLS.LimitResponseHeaders.Enabled || c.RLS.JSONEndpoint {
 				t.Errorf("rls %+v: want response_dynamic_metadata (RESPONSE_DYNAMIC_METADATA), no limit headers, no /json beside mTLS", c.RLS)
 			}
-		}, []string{"PROMETHEUS_ADDR", "PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT", "POST /json is not served"}},
+			if l.RatelimitMetrics != ":19001" || l.RatelimitMetricsAt() != "/metrics" || c.RLS.NearLimit() != DefaultNearLimitRatio {
+				t.Errorf("ratelimit metrics on %q at %q, near limit %v: want USE_PROMETHEUS's PROMETHEUS_ADDR, ratelimit's default path and ratio", l.RatelimitMetrics, l.RatelimitMetricsAt(), c.RLS.NearLimit())
+			}
+		}, []string{"PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT", "POST /json is not served"}},
 		{"ai gateway", aigw, "debug", func(t *testing.T, c *Config) {
 			l := c.Listeners
 			if l.GRPC != "0.0.0.0:8081" || l.GRPCTLS != nil || !l.Insecure {
@@ -164,7 +169,10 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if c.RLS.LimitResponseHeaders != (RLSLimitHeaders{}) || c.RLS.ResponseDynamicMetadata {
 				t.Errorf("rls %+v: want no limit headers (LIMIT_RESPONSE_HEADERS_ENABLED unset) and no metadata", c.RLS)
 			}
-		}, []string{"LIMIT_RESET_HEADER is set but LIMIT_RESPONSE_HEADERS_ENABLED is not true"}},
+			if math.Abs(c.RLS.NearLimit()-0.9) > 1e-6 || c.Listeners.RatelimitMetrics != "" {
+				t.Errorf("near_limit_ratio %v, ratelimit metrics on %q: want NEAR_LIMIT_RATIO's 0.9, and none without USE_PROMETHEUS", c.RLS.NearLimit(), c.Listeners.RatelimitMetrics)
+			}
+		}, []string{"LIMIT_RESET_HEADER is set but LIMIT_RESPONSE_HEADERS_ENABLED is not true", "PROMETHEUS_PATH is set but USE_PROMETHEUS is not true"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := FromRatelimitEnv(envOf(tc.env))
@@ -225,6 +233,11 @@ func TestFromRatelimitEnvRefuses(t *testing.T) {
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "Retry-After"}, "LIMIT_REMAINING_HEADER: is retry-after"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_RESET_HEADER": "ratelimit-limit"}, "LIMIT_RESET_HEADER: names the same header as LIMIT_LIMIT_HEADER"},
 		{map[string]string{"RUNTIME_ROOT": filepath.Join(root, "missing")}, "no such file"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "NEAR_LIMIT_RATIO": "1.5"}, "NEAR_LIMIT_RATIO: want a share of the limit above 0 and at most 1"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "NEAR_LIMIT_RATIO": "most"}, "NEAR_LIMIT_RATIO: want a share of the limit above 0 and at most 1"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": "19001"}, "PROMETHEUS_ADDR: want host:port or :port"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "USE_PROMETHEUS": "true", "PROMETHEUS_PATH": "metrics"}, "PROMETHEUS_PATH: want a URL path starting with /"},
+		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "USE_PROMETHEUS": "maybe"}, "USE_PROMETHEUS: want true or false"},
 	} {
 		_, err := FromRatelimitEnv(envOf(tc.env))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -62,6 +62,22 @@ type RLS struct {
 	// answered as ever. A domain whose request-path descriptors carry hits
 	// must not be listed: their answer would always be OK.
 	DeferredCharges []string `yaml:"deferred_charges"`
+	// NearLimitRatio is ratelimit's NEAR_LIMIT_RATIO: the share of a limit
+	// past which its hits count as near_limit in the ratelimit-named
+	// metrics (listeners.ratelimit_metrics). Default 0.8.
+	NearLimitRatio *float64 `yaml:"near_limit_ratio"`
+}
+
+// DefaultNearLimitRatio is rls.near_limit_ratio when omitted, ratelimit's
+// default.
+const DefaultNearLimitRatio = 0.8
+
+// NearLimit is rls.near_limit_ratio in force.
+func (r *RLS) NearLimit() float64 {
+	if r == nil || r.NearLimitRatio == nil {
+		return DefaultNearLimitRatio
+	}
+	return *r.NearLimitRatio
 }
 
 // Deferred reports whether domain's charges are answered at once and
@@ -192,6 +208,14 @@ type RLSDescriptor struct {
 	// metadata of every limit it met that was not over, merged in
 	// descriptor order (the first value of a key wins; mappings merge).
 	Metadata RLSMetadata `yaml:"metadata"`
+	// DetailedMetric and ValueToMetric are ratelimit's detailed_metric and
+	// value_to_metric: they change only the keys of the ratelimit-named
+	// metrics (listeners.ratelimit_metrics) of the limits below them —
+	// detailed_metric names a limit's stats by the request's own key_value
+	// at every level, value_to_metric by the request's value at this
+	// level (docs/envoy-ratelimit.md §3.6).
+	DetailedMetric bool `yaml:"detailed_metric"`
+	ValueToMetric  bool `yaml:"value_to_metric"`
 
 	Descriptors []RLSDescriptor `yaml:"descriptors"`
 }
@@ -504,6 +528,9 @@ func (v *validator) validateRLS(c *Config) {
 		c.rlsTrees[dom.Domain] = t
 		rc.descriptors(t.Root(), dom.Descriptors, rlsPath{field: path, identities: map[string]string{}})
 	}
+	if q := r.NearLimitRatio; q != nil && !(*q > 0 && *q <= 1) {
+		v.add("rls.near_limit_ratio", "is %v: want a share of the limit above 0 and at most 1 (ratelimit's default: 0.8)", *q)
+	}
 	const lh = "rls.limit_response_headers"
 	for _, p := range r.LimitResponseHeaders.problems(func(f string) string { return join(lh, f) }) {
 		v.add(join(lh, p.field), "%s", p.msg)
@@ -564,7 +591,13 @@ func (rc *rlsChecker) descriptors(parent *rlconfig.Node[*RLSDescriptor], ds []RL
 			here.model = at("model")
 		}
 		rc.limit(d, field, here)
-		n, err := parent.Add(rlconfig.Spec[*RLSDescriptor]{Key: d.Key, Value: d.Value, Data: d, Limited: d.limited()})
+		// A wildcard whose values carry no identity counts them as one, as
+		// ratelimit's share_threshold does; the stats keys follow.
+		n, err := parent.Add(rlconfig.Spec[*RLSDescriptor]{
+			Key: d.Key, Value: d.Value, Data: d, Limited: d.limited(),
+			ShareThreshold: strings.Contains(d.Value, "*") && d.Identity == "",
+			ValueToMetric:  d.ValueToMetric, DetailedMetric: d.DetailedMetric,
+		})
 		if err != nil {
 			f := field
 			if d.Key == "" {

@@ -308,6 +308,24 @@ func (v *validator) validateListeners(l *Listeners) {
 	if l.GRPC == l.Admin && !strings.HasSuffix(l.GRPC, ":0") {
 		v.add("listeners.admin", "%q is also listeners.grpc; the two listeners need different addresses", l.Admin)
 	}
+	if a := l.RatelimitMetrics; a != "" {
+		switch _, unix := UnixSocket(a); {
+		case unix:
+			v.add("listeners.ratelimit_metrics", "%q: takes host:port, not a unix socket: Prometheus scrapes it over TCP", a)
+		case hostPort(a) != nil:
+			v.add("listeners.ratelimit_metrics", "%v", hostPort(a))
+		case strings.HasSuffix(a, ":0"):
+		case a == l.GRPC, a == l.Admin:
+			v.add("listeners.ratelimit_metrics", "%q is also listeners.grpc or listeners.admin; it needs an address of its own", a)
+		}
+	}
+	if p := l.RatelimitMetricsPath; p != "" && (l.RatelimitMetrics == "" || !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# ")) {
+		if l.RatelimitMetrics == "" {
+			v.add("listeners.ratelimit_metrics_path", "applies to listeners.ratelimit_metrics, which is not set")
+		} else {
+			v.add("listeners.ratelimit_metrics_path", "%q: want a URL path starting with / (default /metrics)", p)
+		}
+	}
 	if l.MaxRecvMsgBytes < 1<<20 {
 		v.add("listeners.max_recv_msg_bytes", "must be at least 1048576 (a BUFFERED request body travels as one message), got %d", l.MaxRecvMsgBytes)
 	}

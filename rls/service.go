@@ -55,6 +55,10 @@ type Config struct {
 	// OnError, when set, is called once per call answered with an error,
 	// with its reason (Result's error reasons).
 	OnError func(reason string)
+	// OnStats, when set, is called once per descriptor of hits that meets
+	// a limit ratelimit keeps stats for, with what ratelimit would add to
+	// them; for a deferred charge, once it is written.
+	OnStats func(RatelimitStats)
 }
 
 // Result is what one descriptor of a call met and was answered. A plain
@@ -128,6 +132,8 @@ type mapping struct {
 	headers *limitHeaders
 	// json serves POST /json (rls.json_endpoint).
 	json bool
+	// near is rls.near_limit_ratio, as ratelimit holds it.
+	near float32
 }
 
 // Service implements envoy.service.ratelimit.v3.RateLimitService on the
@@ -175,7 +181,7 @@ func (s *Service) Load(m Mapping) error {
 		s.live.Store(nil)
 		return nil
 	}
-	lm := &mapping{cfg: m.Config, policies: admission.NewPolicies(m.Policies), byName: map[string]*config.Policy{}}
+	lm := &mapping{cfg: m.Config, policies: admission.NewPolicies(m.Policies), byName: map[string]*config.Policy{}, near: float32(m.Config.RLS.NearLimit())}
 	for i := range m.Config.Policies {
 		p := &m.Config.Policies[i]
 		lm.byName[p.Name] = p
@@ -225,6 +231,9 @@ type plan struct {
 	// adhoc is a descriptor's own limit: as ratelimit's, it has no name,
 	// replaces nothing and has no shadow or quota mode (§3.2).
 	adhoc bool
+	// met is the verdict of the rule the answer's status came from, when
+	// it counts hits (a bucket or a quota) and the descriptor charged them.
+	met *verdict
 }
 
 // modes is the node whose shadow mode, quota mode, name and replaces apply
@@ -242,6 +251,10 @@ type verdict struct {
 	remaining float64 // in hits
 	reset     time.Duration
 	limit     *rlsv3.RateLimitResponse_RateLimit
+	// counted is set for a bucket or a quota after a charge: of its
+	// capacity (in hits), used hits are given out (RatelimitStats).
+	counted        bool
+	capacity, used float64
 }
 
 var (
@@ -297,7 +310,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		if err := ctx.Err(); err != nil {
 			return nil, s.storeError(err)
 		}
-		s.deferCharges(plans, replaced, domain, resp)
+		s.deferCharges(m, req, plans, replaced, domain, resp)
 		if m.metadata {
 			resp.DynamicMetadata = responseMetadata(req, plans, resp.Statuses)
 		}
@@ -345,6 +358,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 			s.cfg.OnDescriptor(res)
 		}
+		s.stats(m, p, req.GetDomain(), req.GetDescriptors()[i])
 	}
 	resp.OverallCode = okCode
 	if failedLimit > 0 || quotaMode > 0 && quotaMode == failedQuota {
@@ -511,7 +525,7 @@ func allHits(plans []plan) bool {
 // (config.RLS.DeferredCharges): Envoy ignores the answer, and charges
 // that nobody waits for share the store's calls. Concurrency limits are
 // only checked by a charge, so a deferred one leaves them alone.
-func (s *Service) deferCharges(plans []plan, replaced []bool, domain string, resp *rlsv3.RateLimitResponse) {
+func (s *Service) deferCharges(m *mapping, req *rlsv3.RateLimitRequest, plans []plan, replaced []bool, domain string, resp *rlsv3.RateLimitResponse) {
 	resp.OverallCode = okCode
 	for i := range plans {
 		p := &plans[i]
@@ -525,14 +539,23 @@ func (s *Service) deferCharges(plans []plan, replaced []bool, domain string, res
 			st.CurrentLimit = p.limitMet()
 			r, actual := p.reservation()
 			s.deferred.Add(1)
-			s.later.ChargeAsync(r, actual, func(_ []buckets.BucketState, err error) {
+			s.later.ChargeAsync(r, actual, func(states []buckets.BucketState, err error) {
 				defer s.deferred.Done()
 				if err != nil {
 					s.cfg.Logger.Warn("rls: a deferred charge was not written", "domain", domain, "policy", p.policy, "hits", p.hits, "err", err)
 					if s.cfg.OnError != nil {
 						s.cfg.OnError(ErrorDeferred)
 					}
+					return
 				}
+				// The quotas' spend is not read back: a descriptor of
+				// quotas alone adds its hits to total_hits only.
+				if len(states) == len(p.buckets) && len(p.buckets) > 0 {
+					vs := p.chargedVerdicts(states)
+					_, pick := p.status(vs)
+					p.met = &vs[pick]
+				}
+				s.stats(m, p, req.GetDomain(), req.GetDescriptors()[i])
 			})
 			code = "deferred"
 		}
@@ -540,6 +563,29 @@ func (s *Service) deferCharges(plans []plan, replaced []bool, domain string, res
 			s.cfg.OnDescriptor(Result{Domain: domain, Policy: p.policy, Kind: p.kind, Code: code, Hits: p.hits, Negative: p.negative})
 		}
 	}
+}
+
+// stats hands what ratelimit would add to the stats of the limit that
+// descriptor d of a call to domain met, planned as p and answered, to
+// Config.OnStats: nothing for a check, a refund, or a descriptor that
+// meets no limit ratelimit keeps stats for.
+func (s *Service) stats(m *mapping, p *plan, domain string, d *commonv3.RateLimitDescriptor) {
+	if s.cfg.OnStats == nil || p.hits == 0 || p.negative {
+		return
+	}
+	key := m.statsKey(p, domain, d)
+	if key == "" {
+		return
+	}
+	st := RatelimitStats{Key: key, TotalHits: p.hits}
+	if v := p.met; v != nil {
+		shadow := false
+		if n := p.modes(); n != nil {
+			shadow = n.ShadowMode
+		}
+		ratelimitCount(&st, v.capacity, v.used, p.hits, m.near, shadow)
+	}
+	s.cfg.OnStats(st)
 }
 
 // limitMet is the limit of p's first bucket, or else of its first quota:
@@ -713,6 +759,7 @@ func (s *Service) answer(ctx context.Context, p *plan) (*rlsv3.RateLimitResponse
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: p.name}}
 		if p.hits > 0 && !p.negative {
 			st.Code = overCode
+			p.met = &verdict{counted: true, used: float64(p.hits)}
 		}
 		return st, nil
 	case KindUnpriced:
@@ -734,7 +781,11 @@ func (s *Service) answer(ctx context.Context, p *plan) (*rlsv3.RateLimitResponse
 	if err != nil {
 		return nil, err
 	}
-	return p.status(vs), nil
+	st, pick := p.status(vs)
+	if pick >= 0 && vs[pick].counted {
+		p.met = &vs[pick]
+	}
+	return st, nil
 }
 
 // check answers a descriptor of 0 hits: over while some rule is in debt
@@ -780,7 +831,6 @@ func (s *Service) check(ctx context.Context, p *plan) ([]verdict, error) {
 // Concurrency limits are checked, not held: over RLS a call is not a
 // request in flight.
 func (s *Service) charge(ctx context.Context, p *plan) ([]verdict, error) {
-	n := float64(p.hits)
 	r, actual := p.reservation()
 	var vs []verdict
 	if len(p.buckets) > 0 || len(p.quotas) > 0 {
@@ -791,18 +841,7 @@ func (s *Service) charge(ctx context.Context, p *plan) ([]verdict, error) {
 		if len(states) != len(p.buckets) {
 			return nil, fmt.Errorf("rls: the store answered %d states for %d buckets: %w", len(states), len(p.buckets), buckets.ErrStore)
 		}
-		need := n
-		if p.negative {
-			need = 0
-		}
-		for i, b := range p.buckets {
-			// The level the charge left before the floor is below zero
-			// when the bucket held fewer tokens than the hits.
-			before := states[i].Remaining - states[i].Forgiven
-			v := bucketVerdict(b, states[i].Remaining, states[i].Reset, need, p.name)
-			v.over = before < 0 && !p.negative
-			vs = append(vs, v)
-		}
+		vs = p.chargedVerdicts(states)
 		if len(p.quotas) > 0 {
 			// The quotas' spend is read after the charge: under
 			// concurrent hits it may hold others' too, so a quota's
@@ -818,6 +857,7 @@ func (s *Service) charge(ctx context.Context, p *plan) ([]verdict, error) {
 				if p.negative {
 					v.over = false
 				}
+				v.counted = !p.negative
 				vs = append(vs, v)
 			}
 		}
@@ -837,6 +877,26 @@ func (s *Service) charge(ctx context.Context, p *plan) ([]verdict, error) {
 		}
 	}
 	return vs, nil
+}
+
+// chargedVerdicts are the verdicts of p's buckets after a charge left
+// them at states.
+func (p *plan) chargedVerdicts(states []buckets.BucketState) []verdict {
+	need := float64(p.hits)
+	if p.negative {
+		need = 0
+	}
+	vs := make([]verdict, 0, len(p.buckets))
+	for i, b := range p.buckets {
+		// The level the charge left before the floor is below zero
+		// when the bucket held fewer tokens than the hits.
+		before := states[i].Remaining - states[i].Forgiven
+		v := bucketVerdict(b, states[i].Remaining, states[i].Reset, need, p.name)
+		v.over = before < 0 && !p.negative
+		v.counted, v.capacity, v.used = !p.negative, b.Limit.Capacity, b.Limit.Capacity-before
+		vs = append(vs, v)
+	}
+	return vs
 }
 
 // reservation is the charge of p's hits, with an ID of its own: a
@@ -876,7 +936,8 @@ func (p *plan) quotaVerdicts(qs []buckets.QuotaState) []verdict {
 		}
 		out = append(out, verdict{
 			over: q.Remaining < 0, remaining: max(0, remaining), reset: q.Reset,
-			limit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: clampUint32(limit), Unit: windowUnit(p.quotas[j].Window), Name: p.name},
+			limit:    &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: clampUint32(limit), Unit: windowUnit(p.quotas[j].Window), Name: p.name},
+			capacity: limit, used: limit - remaining,
 		})
 	}
 	return out
@@ -885,11 +946,11 @@ func (p *plan) quotaVerdicts(qs []buckets.QuotaState) []verdict {
 // status is a descriptor's status from its rules' verdicts: the most
 // restrictive rule's — among rules over the limit, the one that takes
 // longest to hold the hits again; else the one with the least remaining.
-func (p *plan) status(vs []verdict) *rlsv3.RateLimitResponse_DescriptorStatus {
+// pick is that rule's verdict, -1 for none.
+func (p *plan) status(vs []verdict) (st *rlsv3.RateLimitResponse_DescriptorStatus, pick int) {
 	if len(vs) == 0 {
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}, -1
 	}
-	pick := 0
 	for i, v := range vs[1:] {
 		w := vs[pick]
 		switch {
@@ -898,14 +959,14 @@ func (p *plan) status(vs []verdict) *rlsv3.RateLimitResponse_DescriptorStatus {
 		}
 	}
 	v := vs[pick]
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{
+	st = &rlsv3.RateLimitResponse_DescriptorStatus{
 		Code: okCode, CurrentLimit: v.limit, LimitRemaining: clampUint32(math.Floor(v.remaining)),
 		DurationUntilReset: durationpb.New(v.reset.Round(time.Millisecond)),
 	}
 	if v.over {
 		st.Code, st.LimitRemaining = overCode, 0
 	}
-	return st
+	return st, pick
 }
 
 // overrideLimit is a descriptor's own limit as a bucket's: requests_per_unit

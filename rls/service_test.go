@@ -75,6 +75,7 @@ type rig struct {
 	mu    sync.Mutex
 	seen  []rls.Result
 	errs  []string
+	stats []rls.RatelimitStats
 }
 
 func newRig(t *testing.T, store buckets.Store, yaml string) *rig {
@@ -88,6 +89,7 @@ func newRig(t *testing.T, store buckets.Store, yaml string) *rig {
 		Store: store, Prices: cfg.Prices(),
 		OnDescriptor: func(res rls.Result) { r.mu.Lock(); r.seen = append(r.seen, res); r.mu.Unlock() },
 		OnError:      func(reason string) { r.mu.Lock(); r.errs = append(r.errs, reason); r.mu.Unlock() },
+		OnStats:      func(st rls.RatelimitStats) { r.mu.Lock(); r.stats = append(r.stats, st); r.mu.Unlock() },
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -44,8 +44,11 @@ type parts struct {
 	counter  *tokenizer.Counter
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
-	ready    atomic.Bool
-	closers  []func() error
+	// ratelimit are the ratelimit-named metrics of
+	// listeners.ratelimit_metrics; nil when it is not set.
+	ratelimit *metrics.Ratelimit
+	ready     atomic.Bool
+	closers   []func() error
 	// admin serves the admin listener and keeps the overrides in force.
 	admin *admin.Server
 	// configMu orders the swaps of the configuration in force: reloads of
@@ -192,6 +195,9 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	p := &parts{registry: prometheus.NewRegistry()}
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.metrics = metrics.New(p.registry, metrics.Options{Prices: cfg.Prices(), MaxModels: *cfg.Metrics.MaxModels})
+	if cfg.Listeners.RatelimitMetrics != "" {
+		p.ratelimit = metrics.NewRatelimit()
+	}
 	primary, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
 	if err != nil {
 		return nil, err
@@ -257,7 +263,7 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		p.close()
 		return nil, err
 	}
-	if p.rls, err = buildRLS(cfg, store, p.metrics, logger); err != nil {
+	if p.rls, err = buildRLS(cfg, store, p.metrics, p.ratelimit, logger); err != nil {
 		p.close()
 		return nil, err
 	}
@@ -265,8 +271,21 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 		p.close()
 		return nil, err
 	}
+	// As ratelimit counts loads: one that gives it domains (an xDS
+	// subscription counts its snapshots).
+	if cfg.RLS != nil && len(cfg.RLS.Domains) > 0 {
+		p.configLoaded(true)
+	}
 	p.ready.Store(true)
 	return p, nil
+}
+
+// configLoaded counts a configuration loaded (ok) or refused in the
+// ratelimit-named metrics, when they are served.
+func (p *parts) configLoaded(ok bool) {
+	if p.ratelimit != nil {
+		p.ratelimit.ConfigLoad(ok)
+	}
 }
 
 // withLeases wraps store in a lease store on Redis (S20), leasing from the
@@ -340,12 +359,18 @@ func policies(cfg *config.Config) ([]extproc.Policy, error) { return admission.F
 // buildRLS makes the rate-limit service on the ext_proc server's store,
 // with the configuration's rls mapping loaded; without an rls section it
 // answers every call as ratelimit does before its first configuration.
-func buildRLS(cfg *config.Config, store buckets.Store, m *metrics.Metrics, logger *slog.Logger) (*rls.Service, error) {
-	svc, err := rls.New(rls.Config{
+// With rl (listeners.ratelimit_metrics) it also counts ratelimit's stats.
+func buildRLS(cfg *config.Config, store buckets.Store, m *metrics.Metrics, rl *metrics.Ratelimit, logger *slog.Logger) (*rls.Service, error) {
+	c := rls.Config{
 		Store: store, Prices: cfg.Prices(), Logger: logger,
 		OnDescriptor: func(r rls.Result) { m.RLSDescriptor(r.Domain, r.Policy, r.Kind, r.Code, r.Shadow, r.Hits, r.Negative) },
 		OnError:      m.RLSError,
-	})
+	}
+	if rl != nil {
+		c.OnStats = rl.Stats
+		c.OnError = func(reason string) { m.RLSError(reason); rl.Error(reason) }
+	}
+	svc, err := rls.New(c)
 	if err != nil {
 		return nil, err
 	}

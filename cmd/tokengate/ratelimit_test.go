@@ -125,7 +125,7 @@ descriptors:
 `)
 	p := startRatelimit(t, bin, append([]string{
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
-		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=:19001", "LOG_LEVEL=info",
+		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0", "LOG_LEVEL=info",
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
 	}, env...))
 	poll(t, func() error {
@@ -146,8 +146,8 @@ descriptors:
 	if st, body := adminCall(t, "GET", p.admin+"/v1/limits", "", ""); st != http.StatusForbidden {
 		t.Errorf("/v1/limits without an admin token configured: %d %s, want 403", st, body)
 	}
-	if !strings.Contains(p.stderr.String(), "PROMETHEUS_ADDR is set; tokengate does not support it") {
-		t.Errorf("no warning names PROMETHEUS_ADDR:\n%s", p.stderr.String())
+	if strings.Contains(p.stderr.String(), "PROMETHEUS_ADDR is set") {
+		t.Errorf("PROMETHEUS_ADDR with USE_PROMETHEUS is a warning:\n%s", p.stderr.String())
 	}
 	if want := `"store":"` + store + `"`; !strings.Contains(p.stderr.String(), want) {
 		t.Errorf("the start does not log %s:\n%s", want, p.stderr.String())
@@ -184,6 +184,18 @@ descriptors:
 			t.Errorf("ShouldRateLimit %d: %v, want %v", i+1, got, want)
 		}
 	}
+	// ratelimit's Prometheus names on PROMETHEUS_ADDR (§3.6): the limit's
+	// stats key is its configured path, rl.remote_address; of its two
+	// hits one was within the limit of 1 and one over it.
+	key := `{domain="rl",key1="remote_address",key2=""}`
+	scrapeHas(t, ratelimitMetricsURL(t, p), []string{
+		"ratelimit_service_rate_limit_total_hits" + key + " 2",
+		"ratelimit_service_rate_limit_within_limit" + key + " 1",
+		"ratelimit_service_rate_limit_over_limit" + key + " 1",
+		`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 2`,
+		`ratelimit_service_total_requests{grpc_method="Check"} 1`,
+		"ratelimit_service_config_load_success 1",
+	})
 
 	// ratelimit's POST /json on HOST:PORT: the same call over HTTP, 200
 	// then 429 for a limit of 1 per minute; a body that is no request, 400.
@@ -271,6 +283,42 @@ func TestDockerfileRatelimitLink(t *testing.T) {
 	}
 }
 
+// ratelimitMetricsURL is the URL of the ratelimit-named metrics that p
+// logged it serves (listeners.ratelimit_metrics).
+func ratelimitMetricsURL(t *testing.T, p *served) string {
+	t.Helper()
+	for _, line := range strings.Split(p.stderr.String(), "\n") {
+		if strings.Contains(line, `"msg":"serving ratelimit's metrics"`) {
+			var l struct{ Addr, Path string }
+			if err := json.Unmarshal([]byte(line), &l); err != nil {
+				t.Fatal(err)
+			}
+			return "http://" + l.Addr + l.Path
+		}
+	}
+	t.Fatalf("no log line says where ratelimit's metrics are served:\n%s", p.stderr.String())
+	return ""
+}
+
+// scrapeHas fetches url and fails unless every line of want is in it.
+func scrapeHas(t *testing.T, url string, want []string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(body), "\n"+w+"\n") {
+			t.Errorf("%s has no line %q:\n%s", url, w, body)
+		}
+	}
+}
+
 // startRatelimit starts `tokengate ratelimit` with env as its whole
 // environment and waits until it logs that it listens.
 func startRatelimit(t *testing.T, bin string, env []string) *served {
@@ -346,8 +394,9 @@ func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
 		"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + crt, "GRPC_SERVER_TLS_KEY=" + key, "GRPC_SERVER_TLS_CA_CERT=" + caFile,
 		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + crt, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + key,
 		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + caFile, "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
-		// Free ports instead of 8081 and 8080, on loopback.
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0",
+		"USE_PROMETHEUS=true", "PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml",
+		// Free ports instead of 8081, 8080 and 19001, on loopback.
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "PROMETHEUS_ADDR=127.0.0.1:0",
 	})
 	poll(t, func() error { return getOK(p.admin + "/healthcheck") })
 
@@ -369,6 +418,16 @@ func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
 	if got := c.codes(t, "default/eg/http", "ann", 3); got != "OK OK OVER_LIMIT" {
 		t.Errorf("three hits of 2 per minute: %s", got)
 	}
+	// What Envoy Gateway's Prometheus reads on :19001 (its e2e queries
+	// over_limit): the snapshot's limit by its stats key, its one load.
+	labels := `{domain="default/eg/http",key1="user",key2=""}`
+	scrapeHas(t, ratelimitMetricsURL(t, p), []string{
+		"ratelimit_service_rate_limit_total_hits" + labels + " 3",
+		"ratelimit_service_rate_limit_within_limit" + labels + " 2",
+		"ratelimit_service_rate_limit_over_limit" + labels + " 1",
+		"ratelimit_service_rate_limit_near_limit" + labels + " 1",
+		"ratelimit_service_config_load_success 1",
+	})
 	m.mu.Lock()
 	id := m.requests[0].GetNode().GetId()
 	m.mu.Unlock()
@@ -460,4 +519,63 @@ descriptors:
 	if err := <-p.done; err != nil {
 		t.Errorf("tokengate ratelimit on SIGTERM: %v\n%s", err, p.stderr.String())
 	}
+}
+
+// TestRatelimitMetricsOnPrometheus runs Envoy Gateway's e2e check of its
+// rate-limit service (docs/envoy-ratelimit.md §3.6) on a real Prometheus
+// scraping `tokengate ratelimit`'s PROMETHEUS_ADDR: a limit on client
+// CIDR 0.0.0.0/0 in the shape Envoy Gateway configures it, and the query
+// ratelimit_service_rate_limit_over_limit{key2="masked_remote_address_0_0_0_0/0"},
+// which finds nothing while every hit is within the limit and the over
+// hit once one is past it.
+func TestRatelimitMetricsOnPrometheus(t *testing.T) {
+	prometheusBinary(t)
+	root := t.TempDir()
+	app := filepath.Join(root, "config")
+	if err := os.MkdirAll(app, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const rule = "default/ratelimit-all-ips/rule-0-match-0"
+	writeFile(t, filepath.Join(app, "eg.yaml"), `
+domain: default/eg/http
+descriptors:
+  - key: `+rule+`
+    value: `+rule+`
+    descriptors:
+      - key: masked_remote_address
+        value: 0.0.0.0/0
+        rate_limit: {unit: hour, requests_per_unit: 3}
+`)
+	p := startRatelimit(t, tokengateBinary(t), []string{
+		"RUNTIME_ROOT=" + root, "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "LOG_LEVEL=info",
+		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0",
+	})
+	metrics := ratelimitMetricsURL(t, p)
+	prom := startPrometheus(t, strings.TrimSuffix(strings.TrimPrefix(metrics, "http://"), "/metrics"))
+	c := newRLSCaller(t, p.grpc)
+	hit := func() rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := c.rl.ShouldRateLimit(c.ctx, &rlsv3.RateLimitRequest{Domain: "default/eg/http", Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: rule, Value: rule}, {Key: "masked_remote_address", Value: "0.0.0.0/0"}},
+		}}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		return resp.GetOverallCode()
+	}
+	const key2 = `key2="masked_remote_address_0_0_0_0/0"`
+	for range 3 {
+		if got := hit(); got != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("a hit within 3 per hour: %v", got)
+		}
+	}
+	// Once Prometheus has scraped the three hits, over_limit has no series.
+	waitProm(t, prom, `ratelimit_service_rate_limit_total_hits{`+key2+`} == 3`)
+	if s, err := promQuery(prom, `ratelimit_service_rate_limit_over_limit{`+key2+`}`); err != nil || len(s) != 0 {
+		t.Fatalf("over_limit before any hit was over: %v, %v; want no series (Envoy Gateway's check would pass)", s, err)
+	}
+	if got := hit(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("the fourth hit of 3 per hour: %v", got)
+	}
+	waitProm(t, prom, `ratelimit_service_rate_limit_over_limit{domain="default/eg/http",key1="`+rule+"_"+rule+`",`+key2+`} == 1`)
 }

@@ -153,6 +153,7 @@ func (r *reloader) reload(trigger string) {
 	}
 	if err != nil {
 		r.parts.metrics.Reloaded(metrics.ReloadInvalid)
+		r.parts.configLoaded(false)
 		log.Error("configuration not reloaded: it is invalid; the configuration in force keeps serving", "err", err.Error())
 		return
 	}
@@ -161,21 +162,25 @@ func (r *reloader) reload(trigger string) {
 	defer r.parts.configMu.Unlock()
 	if cfg, err = r.parts.withXDS(cfg); err != nil {
 		r.parts.metrics.Reloaded(metrics.ReloadInvalid)
+		r.parts.configLoaded(false)
 		log.Error("configuration not reloaded: it is invalid with the last xDS snapshot; the configuration in force keeps serving", "err", err.Error())
 		return
 	}
 	if keys := r.parts.admin.Config().NeedsRestart(cfg); len(keys) > 0 {
 		r.parts.metrics.Reloaded(metrics.ReloadRestartRequired)
+		r.parts.configLoaded(false)
 		log.Error("configuration not reloaded: it changes keys that only a restart applies (a reload applies policies, default_policy and rls); the configuration in force keeps serving",
 			"keys", keys)
 		return
 	}
 	if err := r.parts.apply(cfg); err != nil {
 		r.parts.metrics.Reloaded(metrics.ReloadInvalid)
+		r.parts.configLoaded(false)
 		log.Error("configuration not reloaded; the configuration in force keeps serving", "err", err.Error())
 		return
 	}
 	r.parts.metrics.Reloaded(metrics.ReloadApplied)
+	r.parts.configLoaded(true)
 	log.Info("configuration reloaded: new requests follow it", "policies", len(cfg.Policies), "default_policy", cfg.DefaultPolicy)
 }
 

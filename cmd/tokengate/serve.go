@@ -118,8 +118,8 @@ func loadConfig(path string) (*config.Config, error) {
 }
 
 // listeners lets tests pick the sockets; nil listens on the configured
-// addresses.
-type listeners struct{ grpc, admin net.Listener }
+// addresses (ratelimit's too when it is nil).
+type listeners struct{ grpc, admin, ratelimit net.Listener }
 
 // connectionAge is the gRPC server option of listeners.max_connection_age:
 // none when it is 0. A grace of 0 is gRPC's own, infinite: streams on an
@@ -182,12 +182,23 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 		}
 	}
 
+	if parts.ratelimit != nil && ls.ratelimit == nil {
+		if ls.ratelimit, err = listen(cfg.Listeners.RatelimitMetrics); err != nil {
+			ls.grpc.Close()
+			ls.admin.Close()
+			return fmt.Errorf("listeners.ratelimit_metrics: %w", err)
+		}
+	}
 	if sec.admin != nil {
 		ls.admin = tls.NewListener(ls.admin, sec.admin)
 	}
 	// The ext_proc server's own options: a gRPC receive limit above the body
 	// limit, so that an oversized body gets tokengate's 413.
-	gs := grpc.NewServer(append(append(sec.grpc, parts.server.ServerOptions()...), connectionAge(cfg.Listeners)...)...)
+	opts := append(append(sec.grpc, parts.server.ServerOptions()...), connectionAge(cfg.Listeners)...)
+	if parts.ratelimit != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(parts.ratelimit.UnaryInterceptor()))
+	}
+	gs := grpc.NewServer(opts...)
 	parts.server.Register(gs)
 	rlsv3.RegisterRateLimitServiceServer(gs, parts.rls)
 	hs := health.NewServer()
@@ -200,13 +211,26 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 
 	as := &http.Server{Handler: parts.admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- gs.Serve(ls.grpc) }()
 	go func() {
 		if err := as.Serve(ls.admin); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
 		}
 	}()
+	// ratelimit's Prometheus listener (USE_PROMETHEUS): its names only.
+	var ms *http.Server
+	if parts.ratelimit != nil {
+		mux := http.NewServeMux()
+		mux.Handle(cfg.Listeners.RatelimitMetricsAt(), parts.ratelimit.Handler())
+		ms = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := ms.Serve(ls.ratelimit); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+		logger.Info("serving ratelimit's metrics", "addr", ls.ratelimit.Addr().String(), "path", cfg.Listeners.RatelimitMetricsAt())
+	}
 	logger.Info("listening", "grpc", ls.grpc.Addr().String(), "grpc_transport", sec.mode,
 		"admin", ls.admin.Addr().String(), "admin_tls", sec.admin != nil)
 	// The gateway counts in the fleet (store.fleet) while it serves, and
@@ -248,6 +272,9 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	actx, acancel := context.WithTimeout(context.Background(), time.Second)
 	defer acancel()
 	_ = as.Shutdown(actx)
+	if ms != nil {
+		_ = ms.Shutdown(actx)
+	}
 	logger.Info("stopped")
 	return serveErr
 }

@@ -111,10 +111,11 @@ func (p *parts) applyXDS(files []*rlconfig.File) error {
 	p.configMu.Lock()
 	defer p.configMu.Unlock()
 	cfg, err := p.admin.Config().WithRatelimitXDS(files)
-	if err != nil {
-		return err
+	if err == nil {
+		err = p.apply(cfg)
 	}
-	if err := p.apply(cfg); err != nil {
+	p.configLoaded(err == nil)
+	if err != nil {
 		return err
 	}
 	p.xdsFiles = files

@@ -42,10 +42,12 @@ type Node[T any] struct {
 	// changed once the tree is in use.
 	Data T
 
-	limited   bool
-	shared    bool // share_threshold
-	toMetric  bool // value_to_metric
-	detailed  bool // detailed_metric
+	limited  bool
+	shared   bool // share_threshold
+	toMetric bool // value_to_metric
+	detailed bool // detailed_metric
+	// byValues: value_to_metric is on n or a node above it.
+	byValues  bool
 	composite string
 	parts     [][]byte // composite split at '*' when it holds one
 	statsKey  string   // domain.k_v.k... as ratelimit names the rule's stats
@@ -79,6 +81,7 @@ func (n *Node[T]) Add(s Spec[T]) (*Node[T], error) {
 		Key: s.Key, Value: s.Value, Data: s.Data,
 		limited: s.Limited, shared: s.ShareThreshold, toMetric: s.ValueToMetric, detailed: s.DetailedMetric,
 		parent: n, depth: n.depth + 1, children: map[string]*Node[T]{},
+		byValues: n.byValues || s.ValueToMetric,
 	}
 	c.composite = s.Key
 	if s.Value != "" {
@@ -206,11 +209,16 @@ func (t *Tree[T]) Match(entries []*commonv3.RateLimitDescriptor_Entry) *Node[T] 
 // a wildcard as its pattern); with detailed_metric on the limit, the
 // request's own key_value at every level; with value_to_metric on a level,
 // the request's value there. tokengate's metrics are labelled by rule
-// names; the key is kept for parity in logs.
+// names; ratelimit's own names are served with listeners.ratelimit_metrics.
+// Without detailed_metric and value_to_metric the key is the leaf's
+// configured path, which costs no allocation.
 func (t *Tree[T]) StatsKey(entries []*commonv3.RateLimitDescriptor_Entry) string {
 	leaf := t.Match(entries)
 	if leaf == nil {
 		return ""
+	}
+	if !leaf.detailed && !leaf.byValues {
+		return leaf.statsKey
 	}
 	type step struct {
 		n *Node[T]
