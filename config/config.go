@@ -129,6 +129,10 @@ type Listeners struct {
 	// RatelimitMetricsPath is the path they are served at (PROMETHEUS_PATH).
 	// Default /metrics.
 	RatelimitMetricsPath string `yaml:"ratelimit_metrics_path"`
+	// RatelimitMetricsMapper is a statsd_exporter mapping file that names
+	// them instead of ratelimit's default mapping (PROMETHEUS_MAPPER_YAML:
+	// Envoy Gateway's /etc/statsd-exporter/conf.yaml), read at start.
+	RatelimitMetricsMapper string `yaml:"ratelimit_metrics_mapper"`
 	// MaxRecvMsgBytes bounds one gRPC message from Envoy; a BUFFERED request
 	// body travels as one message.
 	MaxRecvMsgBytes int `yaml:"max_recv_msg_bytes"`

@@ -48,7 +48,6 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"EXTRA_TAGS", "metrics carry no extra tags"},
 	{"STATS_FLUSH_INTERVAL", "Prometheus is scraped, nothing is flushed"},
 	{"DISABLE_STATS", "metrics are always on the admin listener's /metrics"},
-	{"PROMETHEUS_MAPPER_YAML", "the names on PROMETHEUS_ADDR follow the default mapping (Envoy Gateway's statsd-exporter mapping differs from it: its response time is in milliseconds, and it drops stats keys of more than two levels)"},
 	{"LOG_FORMAT", "logs are JSON lines"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "keys expire with their window"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "there is no local over-limit cache"},
@@ -88,7 +87,7 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"MEMCACHE_TLS_CLIENT_CERT", "the store is Redis or memory"},
 	{"MEMCACHE_TLS_CLIENT_KEY", "the store is Redis or memory"},
 	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "the store is Redis or memory"},
-	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "ratelimit_service_response_time_seconds is in seconds"},
+	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "the default mapping's response time is in seconds (a PROMETHEUS_MAPPER_YAML without its scale keeps milliseconds)"},
 	{"REDIS_TIMEOUT", "store.redis.timeout applies (default 250ms): a slow Redis meets the failure mode instead of being waited for"},
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "the Redis client waits for a free connection (its pool timeout: store.redis.timeout and a second)"},
 	{"REDIS_CLUSTER_PIPELINE_PARALLELISM", "the Redis client pipelines as it does"},
@@ -303,12 +302,12 @@ func (m *envMapper) limitHeaders() yamlMap {
 	return out
 }
 
-// prometheus maps USE_PROMETHEUS, PROMETHEUS_ADDR and PROMETHEUS_PATH onto
-// listeners.ratelimit_metrics: ratelimit's names on a listener of their
-// own, ratelimit's default address :9090.
+// prometheus maps USE_PROMETHEUS, PROMETHEUS_ADDR, PROMETHEUS_PATH and
+// PROMETHEUS_MAPPER_YAML onto listeners.ratelimit_metrics: ratelimit's
+// names on a listener of their own, ratelimit's default address :9090.
 func (m *envMapper) prometheus(l yamlMap) {
 	if !m.bool("USE_PROMETHEUS", false) {
-		for _, v := range []string{"PROMETHEUS_ADDR", "PROMETHEUS_PATH"} {
+		for _, v := range []string{"PROMETHEUS_ADDR", "PROMETHEUS_PATH", "PROMETHEUS_MAPPER_YAML"} {
 			if m.get(v) != "" {
 				m.warn("%s is set but USE_PROMETHEUS is not true: no metrics listener of its own is served (tokengate's metrics are on the admin listener's /metrics)", v)
 			}
@@ -325,6 +324,11 @@ func (m *envMapper) prometheus(l yamlMap) {
 			m.fail("PROMETHEUS_PATH: want a URL path starting with / (default /metrics)")
 		}
 		l["ratelimit_metrics_path"] = p
+	}
+	// Read when the configuration is validated: one that cannot be read
+	// is an error (ratelimit would name its stats unmapped).
+	if f := m.str("PROMETHEUS_MAPPER_YAML", ""); f != "" {
+		l["ratelimit_metrics_mapper"] = f
 	}
 }
 

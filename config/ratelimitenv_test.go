@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -19,7 +20,9 @@ func envOf(env map[string]string) func(string) string {
 // give ratelimit each map onto a configuration that validates, with the
 // listeners, TLS, store and ratelimit source they ask for.
 func TestFromRatelimitEnv(t *testing.T) {
-	certs := writeFiles(t, map[string]string{"tls.crt": "c", "tls.key": "k", "ca.crt": "a"})
+	certs := writeFiles(t, map[string]string{"tls.crt": "c", "tls.key": "k", "ca.crt": "a",
+		"conf.yaml": "mappings:\n  - match: \"ratelimit.service.rate_limit.*.*.over_limit\"\n    name: over\n    timer_type: histogram\n    labels: {domain: \"$1\", key1: \"$2\"}\n"})
+	mapping := filepath.Join(certs, "conf.yaml")
 	root := t.TempDir()
 	app := filepath.Join(root, "ratelimit", "config")
 	if err := os.MkdirAll(filepath.Join(app, ".hidden"), 0o700); err != nil {
@@ -39,7 +42,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": crt, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": key,
 		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": ca, "FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis-system.svc.cluster.local:6379",
-		"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
+		"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_MAPPER_YAML": mapping,
 		"REDIS_TIMEOUT": "5s", "RESPONSE_DYNAMIC_METADATA": "true",
 	}
 	aigw := map[string]string{ // §5.2-§5.3: plaintext gRPC and xDS
@@ -97,10 +100,11 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if c.RLS == nil || !c.RLS.ResponseDynamicMetadata || c.RLS.LimitResponseHeaders.Enabled || c.RLS.JSONEndpoint {
 				t.Errorf("rls %+v: want response_dynamic_metadata (RESPONSE_DYNAMIC_METADATA), no limit headers, no /json beside mTLS", c.RLS)
 			}
-			if l.RatelimitMetrics != ":19001" || l.RatelimitMetricsAt() != "/metrics" || c.RLS.NearLimit() != DefaultNearLimitRatio {
-				t.Errorf("ratelimit metrics on %q at %q, near limit %v: want USE_PROMETHEUS's PROMETHEUS_ADDR, ratelimit's default path and ratio", l.RatelimitMetrics, l.RatelimitMetricsAt(), c.RLS.NearLimit())
+			if l.RatelimitMetrics != ":19001" || l.RatelimitMetricsAt() != "/metrics" || l.RatelimitMetricsMapper != mapping || c.RLS.NearLimit() != DefaultNearLimitRatio {
+				t.Errorf("ratelimit metrics on %q at %q by %q, near limit %v: want USE_PROMETHEUS's PROMETHEUS_ADDR and PROMETHEUS_MAPPER_YAML, ratelimit's default path and ratio",
+					l.RatelimitMetrics, l.RatelimitMetricsAt(), l.RatelimitMetricsMapper, c.RLS.NearLimit())
 			}
-		}, []string{"PROMETHEUS_MAPPER_YAML", "REDIS_TIMEOUT", "POST /json is not served"}},
+		}, []string{"REDIS_TIMEOUT", "POST /json is not served"}},
 		{"ai gateway", aigw, "debug", func(t *testing.T, c *Config) {
 			l := c.Listeners
 			if l.GRPC != "0.0.0.0:8081" || l.GRPCTLS != nil || !l.Insecure {
@@ -246,6 +250,33 @@ func TestFromRatelimitEnvRefuses(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "hunter22") {
 			t.Errorf("%v: the error shows a secret: %v", tc.env, err)
+		}
+	}
+}
+
+// listeners.ratelimit_metrics_mapper is read beside the file, as the
+// other files it names are, and validated with statsd_exporter's mapper:
+// a mapping the mapper refuses, or one that is missing, is a problem of
+// the field.
+func TestRatelimitMetricsMapper(t *testing.T) {
+	const head = "listeners:\n  ratelimit_metrics: 127.0.0.1:19001\n  ratelimit_metrics_mapper: %s\npolicies: [{name: default, buckets: [{name: all, tokens_per_minute: 100}]}]\n"
+	dir := writeFiles(t, map[string]string{
+		"good.yaml":   "mappings:\n  - match: \"ratelimit.service.rate_limit.*.*.over_limit\"\n    name: over\n    timer_type: histogram\n    labels: {domain: \"$1\", key1: \"$2\"}\n",
+		"bad.yaml":    "mappings:\n  - match: \"a.*\"\n    name: x\n    labels: {k: \"$1\"}\n",
+		"good.conf":   fmt.Sprintf(head, "good.yaml"),
+		"bad.conf":    fmt.Sprintf(head, "bad.yaml"),
+		"absent.conf": fmt.Sprintf(head, "absent.yaml"),
+	})
+	c, err := Load(filepath.Join(dir, "good.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "good.yaml"); c.Listeners.RatelimitMetricsMapper != want {
+		t.Errorf("mapper %q, want %q (beside the file)", c.Listeners.RatelimitMetricsMapper, want)
+	}
+	for conf, want := range map[string]string{"bad.conf": "listeners.ratelimit_metrics_mapper: invalid label key: k", "absent.conf": "listeners.ratelimit_metrics_mapper: open "} {
+		if _, err := Load(filepath.Join(dir, conf)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want a problem containing %q", conf, err, want)
 		}
 	}
 }

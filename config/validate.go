@@ -16,6 +16,7 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/internal/statsdmap"
 	"github.com/tokengate/tokengate/pricing"
 )
 
@@ -324,6 +325,23 @@ func (v *validator) validateListeners(l *Listeners) {
 			v.add("listeners.ratelimit_metrics_path", "applies to listeners.ratelimit_metrics, which is not set")
 		} else {
 			v.add("listeners.ratelimit_metrics_path", "%q: want a URL path starting with / (default /metrics)", p)
+		}
+	}
+	if f := l.RatelimitMetricsMapper; f != "" {
+		switch {
+		case l.RatelimitMetrics == "":
+			v.add("listeners.ratelimit_metrics_mapper", "applies to listeners.ratelimit_metrics, which is not set")
+		default:
+			if !filepath.IsAbs(f) {
+				l.RatelimitMetricsMapper = filepath.Join(filepath.Dir(v.file), f)
+			}
+			data, err := ReadFile(l.RatelimitMetricsMapper)
+			if err == nil {
+				_, err = statsdmap.Parse(data)
+			}
+			if err != nil {
+				v.add("listeners.ratelimit_metrics_mapper", "%v", err)
+			}
 		}
 	}
 	if l.MaxRecvMsgBytes < 1<<20 {

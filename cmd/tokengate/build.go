@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/statsd_exporter/pkg/mapper"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/tokengate/tokengate/buckets/redisstore"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
+	"github.com/tokengate/tokengate/internal/statsdmap"
 	"github.com/tokengate/tokengate/metrics"
 	"github.com/tokengate/tokengate/rls"
 	"github.com/tokengate/tokengate/rls/rlconfig"
@@ -196,7 +198,17 @@ func build(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts bu
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.metrics = metrics.New(p.registry, metrics.Options{Prices: cfg.Prices(), MaxModels: *cfg.Metrics.MaxModels})
 	if cfg.Listeners.RatelimitMetrics != "" {
-		p.ratelimit = metrics.NewRatelimit()
+		var m *mapper.MetricMapper // nil: ratelimit's default mapping
+		if f := cfg.Listeners.RatelimitMetricsMapper; f != "" {
+			data, err := config.ReadFile(f)
+			if err == nil {
+				m, err = statsdmap.Parse(data)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("listeners.ratelimit_metrics_mapper: %w", err)
+			}
+		}
+		p.ratelimit = metrics.NewRatelimit(m)
 	}
 	primary, closeStore, err := buildStore(ctx, cfg, logger, opts.now)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -187,7 +188,7 @@ descriptors:
 	// ratelimit's Prometheus names on PROMETHEUS_ADDR (§3.6): the limit's
 	// stats key is its configured path, rl.remote_address; of its two
 	// hits one was within the limit of 1 and one over it.
-	key := `{domain="rl",key1="remote_address",key2=""}`
+	key := `{domain="rl",key1="remote_address"}`
 	scrapeHas(t, ratelimitMetricsURL(t, p), []string{
 		"ratelimit_service_rate_limit_total_hits" + key + " 2",
 		"ratelimit_service_rate_limit_within_limit" + key + " 1",
@@ -300,8 +301,9 @@ func ratelimitMetricsURL(t *testing.T, p *served) string {
 	return ""
 }
 
-// scrapeHas fetches url and fails unless every line of want is in it.
-func scrapeHas(t *testing.T, url string, want []string) {
+// scrapeHas fetches url and fails unless every line of want is in it;
+// it returns what it fetched.
+func scrapeHas(t *testing.T, url string, want []string) string {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -317,7 +319,32 @@ func scrapeHas(t *testing.T, url string, want []string) {
 			t.Errorf("%s has no line %q:\n%s", url, w, body)
 		}
 	}
+	return string(body)
 }
+
+// egShapedMapping is a statsd_exporter mapping in the shape of Envoy
+// Gateway's (§4.4's PROMETHEUS_MAPPER_YAML): limits' stats of two levels
+// by glob, with the deprecated timer_type; the response time without a
+// scale, in milliseconds; the calls of one method only; everything else
+// dropped.
+const egShapedMapping = `mappings:
+  - match: "ratelimit.service.rate_limit.*.*.*"
+    name: "ratelimit_service_rate_limit_$3"
+    timer_type: "histogram"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit_server.ShouldRateLimit.response_time"
+    name: "ratelimit_service_response_time_seconds"
+    timer_type: histogram
+    histogram_options: {buckets: [1000]}
+    labels: {grpc_method: "ShouldRateLimit"}
+  - match: "ratelimit.service.config_load_success"
+    name: "ratelimit_service_config_load_success"
+    match_metric_type: counter
+  - match: "."
+    match_type: "regex"
+    action: "drop"
+    name: "dropped"
+`
 
 // startRatelimit starts `tokengate ratelimit` with env as its whole
 // environment and waits until it logs that it listens.
@@ -374,7 +401,7 @@ func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
 	ca := newTestCA(t, "envoy-gateway")
 	gwCert, gwKey, _ := ca.issue(t, "envoy-gateway", true)
 	rlCert, rlKey, _ := ca.issue(t, "*", true) // tokengate's: its gRPC server's and its xDS client's
-	for name, data := range map[string][]byte{"ca.crt": ca.pem, "tls.crt": rlCert, "tls.key": rlKey} {
+	for name, data := range map[string][]byte{"ca.crt": ca.pem, "tls.crt": rlCert, "tls.key": rlKey, "conf.yaml": []byte(egShapedMapping)} {
 		replace(t, filepath.Join(certs, name), data)
 	}
 	gw, err := tls.X509KeyPair(gwCert, gwKey)
@@ -394,7 +421,7 @@ func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
 		"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + crt, "GRPC_SERVER_TLS_KEY=" + key, "GRPC_SERVER_TLS_CA_CERT=" + caFile,
 		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + crt, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + key,
 		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + caFile, "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
-		"USE_PROMETHEUS=true", "PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml",
+		"USE_PROMETHEUS=true", "PROMETHEUS_MAPPER_YAML=" + filepath.Join(certs, "conf.yaml"),
 		// Free ports instead of 8081, 8080 and 19001, on loopback.
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "PROMETHEUS_ADDR=127.0.0.1:0",
 	})
@@ -419,15 +446,33 @@ func TestRatelimitEnvoyGatewayEnvironment(t *testing.T) {
 		t.Errorf("three hits of 2 per minute: %s", got)
 	}
 	// What Envoy Gateway's Prometheus reads on :19001 (its e2e queries
-	// over_limit): the snapshot's limit by its stats key, its one load.
-	labels := `{domain="default/eg/http",key1="user",key2=""}`
-	scrapeHas(t, ratelimitMetricsURL(t, p), []string{
+	// over_limit), named by its statsd-exporter mapping: the snapshot's
+	// limit by its stats key, its one load, the response time in
+	// milliseconds; the health checks' calls dropped.
+	labels := `{domain="default/eg/http",key1="user"}`
+	url := ratelimitMetricsURL(t, p)
+	// The calls are limitIs's polls and the three; the mapping's one
+	// bucket holds them all (its buckets are in milliseconds).
+	calls := ""
+	for _, line := range strings.Split(scrapeHas(t, url, nil), "\n") {
+		if v, ok := strings.CutPrefix(line, `ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="1000"} `); ok {
+			calls = v
+		}
+	}
+	if n, err := strconv.Atoi(calls); err != nil || n < 4 {
+		t.Errorf("%q calls in the response time's millisecond bucket, want at least the 4 made", calls)
+	}
+	body := scrapeHas(t, url, []string{
 		"ratelimit_service_rate_limit_total_hits" + labels + " 3",
 		"ratelimit_service_rate_limit_within_limit" + labels + " 2",
 		"ratelimit_service_rate_limit_over_limit" + labels + " 1",
 		"ratelimit_service_rate_limit_near_limit" + labels + " 1",
 		"ratelimit_service_config_load_success 1",
+		`ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="+Inf"} ` + calls,
 	})
+	if strings.Contains(body, `grpc_method="Check"`) {
+		t.Errorf("%s has the health checks' calls, which the mapping drops:\n%s", url, body)
+	}
 	m.mu.Lock()
 	id := m.requests[0].GetNode().GetId()
 	m.mu.Unlock()
