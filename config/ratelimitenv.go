@@ -52,7 +52,6 @@ var ratelimitIgnored = []struct{ name, why string }{
 	{"EXPIRATION_JITTER_MAX_SECONDS", "keys expire with their window"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "there is no local over-limit cache"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "hits over the limit are counted as ratelimit counts them by default"},
-	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "/healthcheck answers as /readyz: 500 while the store is unreachable (on_failure: closed), with or without a domain"},
 	{"REDIS_PIPELINE_WINDOW", "the Redis client pipelines as it does"},
 	{"REDIS_PIPELINE_LIMIT", "the Redis client pipelines as it does"},
 	{"REDIS_PERSECOND", "every limit is counted in REDIS_URL's Redis"},
@@ -241,6 +240,9 @@ func (m *envMapper) build() yamlMap {
 		} else {
 			rls["near_limit_ratio"] = q
 		}
+	}
+	if m.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false) {
+		rls["ready_needs_domain"] = true
 	}
 	if m.bool("RESPONSE_DYNAMIC_METADATA", false) {
 		rls["response_dynamic_metadata"] = true

@@ -51,6 +51,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 		"USE_STATSD": "false", "LOG_LEVEL": "debug", "SHADOW_MODE": "true", "QUOTA_MODE": "true", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES": "16777216",
 		"TOKENGATE_DEFERRED_CHARGES":     "envoy-ai-gateway, other ,",
 		"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-RateLimit-Left",
+		"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true",
 	}
 	file := map[string]string{
 		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true",
@@ -117,7 +118,7 @@ func TestFromRatelimitEnv(t *testing.T) {
 			if !x.Insecure || x.NodeID != "envoy-ai-gateway-ratelimit" || x.NodeMetadata["cluster"] != "ai" || x.NodeMetadata["zone"] != "a" || x.MaxMessageBytes != 16<<20 {
 				t.Errorf("xds %+v", x)
 			}
-			if c.RLS == nil || !c.RLS.ShadowMode || !c.RLS.QuotaMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) || c.RLS.ResponseDynamicMetadata {
+			if c.RLS == nil || !c.RLS.ShadowMode || !c.RLS.QuotaMode || !slices.Equal(c.RLS.DeferredCharges, []string{"envoy-ai-gateway", "other"}) || c.RLS.ResponseDynamicMetadata || !c.RLS.ReadyNeedsDomain {
 				t.Errorf("rls %+v", c.RLS)
 			}
 			h := c.RLS.LimitResponseHeaders

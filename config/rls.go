@@ -66,6 +66,11 @@ type RLS struct {
 	// past which its hits count as near_limit in the ratelimit-named
 	// metrics (listeners.ratelimit_metrics). Default 0.8.
 	NearLimitRatio *float64 `yaml:"near_limit_ratio"`
+	// ReadyNeedsDomain keeps readiness failing (/readyz, /healthcheck and
+	// the gRPC health of "ratelimit") while no domain is loaded, as
+	// ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED does: before
+	// ratelimit.xds's first snapshot, or while it holds none.
+	ReadyNeedsDomain bool `yaml:"ready_needs_domain"`
 }
 
 // DefaultNearLimitRatio is rls.near_limit_ratio when omitted, ratelimit's

@@ -437,6 +437,9 @@ func (p *parts) readiness() error {
 	case p.failover != nil && !p.failover.Healthy() && !p.failover.FailsOpen():
 		return errors.New("bucket store unreachable (failing closed)")
 	}
+	if r := p.admin.Config().RLS; r != nil && r.ReadyNeedsDomain && len(r.Domains) == 0 {
+		return errors.New("no rate-limit domain loaded (rls.ready_needs_domain)")
+	}
 	return nil
 }
 

@@ -233,6 +233,8 @@ descriptors:
 		return nil
 	})
 
+	// /healthcheck, and the gRPC health of "ratelimit" as ratelimit's
+	// follows its Redis: NOT_SERVING with a 500.
 	healthcheck := func(want int) func() error {
 		return func() error {
 			// A call meets the store, which tells whether it answers.
@@ -246,6 +248,14 @@ descriptors:
 			resp.Body.Close()
 			if resp.StatusCode != want {
 				return fmt.Errorf("/healthcheck: %s, want %d (the call: %v)", resp.Status, want, callErr)
+			}
+			serving := healthpb.HealthCheckResponse_SERVING
+			if want != http.StatusOK {
+				serving = healthpb.HealthCheckResponse_NOT_SERVING
+			}
+			h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+			if err != nil || h.GetStatus() != serving {
+				return fmt.Errorf("gRPC health of \"ratelimit\": %v, %v; want %v beside /healthcheck's %d", h.GetStatus(), err, serving, want)
 			}
 			return nil
 		}
@@ -623,4 +633,53 @@ descriptors:
 		t.Fatalf("the fourth hit of 3 per hour: %v", got)
 	}
 	waitProm(t, prom, `ratelimit_service_rate_limit_over_limit{domain="default/eg/http",key1="`+rule+"_"+rule+`",`+key2+`} == 1`)
+}
+
+// TestRatelimitHealthyWithAConfigLoaded: with
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, `tokengate ratelimit` on xDS is
+// unhealthy until a snapshot gives it a domain, as ratelimit is
+// (§3.7): /healthcheck 500 and the gRPC health of "ratelimit" NOT_SERVING,
+// then 200 and SERVING once a snapshot arrives, and unhealthy again when
+// a snapshot takes every domain away.
+func TestRatelimitHealthyWithAConfigLoaded(t *testing.T) {
+	const node = "envoy-ratelimit"
+	m := startXDSServer(t, "127.0.0.1:0", nil, nil)
+	p := startRatelimit(t, tokengateBinary(t), []string{
+		"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + m.addr, "CONFIG_GRPC_XDS_NODE_ID=" + node,
+		"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true", "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "LOG_LEVEL=info",
+	})
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	healthy := func(want bool) func() error {
+		return func() error {
+			resp, err := http.Get(p.admin + "/healthcheck")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			code, serving := http.StatusOK, healthpb.HealthCheckResponse_SERVING
+			if !want {
+				code, serving = http.StatusInternalServerError, healthpb.HealthCheckResponse_NOT_SERVING
+			}
+			h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+			if resp.StatusCode != code || err != nil || h.GetStatus() != serving {
+				return fmt.Errorf("/healthcheck %d, gRPC health %v (%v); want %d and %v", resp.StatusCode, h.GetStatus(), err, code, serving)
+			}
+			return nil
+		}
+	}
+	// Before any snapshot, and without one: unhealthy at once, as it stays.
+	if err := healthy(false)(); err != nil {
+		t.Fatal(err)
+	}
+	m.publish(t, node, "1", perUser("d", rlsconfv3.RateLimitUnit_MINUTE, 5))
+	poll(t, healthy(true))
+	m.publish(t, node, "2")
+	poll(t, healthy(false))
 }

@@ -135,6 +135,36 @@ func connectionAge(l config.Listeners) []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.KeepaliveParams(p)}
 }
 
+// healthEvery is how often the gRPC health of "ratelimit" is brought in
+// line with readiness.
+const healthEvery = 250 * time.Millisecond
+
+// followReadiness keeps the gRPC health of service SERVING while ready
+// says so, NOT_SERVING while it gives a reason, from now until ctx ends
+// (or hs is shut down, which ends every service's health), checking every
+// period.
+func followReadiness(ctx context.Context, hs *health.Server, service string, ready func() error, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			setHealth(hs, service, ready)
+		}
+	}
+}
+
+// setHealth sets the gRPC health of service as ready says.
+func setHealth(hs *health.Server, service string, ready func() error) {
+	st := healthpb.HealthCheckResponse_SERVING
+	if ready() != nil {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	hs.SetServingStatus(service, st)
+}
+
 // infinity is gRPC's "never" for keepalive durations.
 const infinity = time.Duration(math.MaxInt64)
 
@@ -206,8 +236,10 @@ func serveWith(ctx context.Context, cfg *config.Config, logger *slog.Logger, ls 
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("envoy.service.ext_proc.v3.ExternalProcessor", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rls.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	// envoyproxy/ratelimit's own name for its health (§3.7).
-	hs.SetServingStatus(ratelimitHealthName, healthpb.HealthCheckResponse_SERVING)
+	// envoyproxy/ratelimit's own name for its health (§3.7), which
+	// follows readiness as ratelimit's follows its components.
+	setHealth(hs, ratelimitHealthName, parts.readiness)
+	background.Go(func() { followReadiness(bg, hs, ratelimitHealthName, parts.readiness, healthEvery) })
 
 	as := &http.Server{Handler: parts.admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 
