@@ -56,6 +56,11 @@ func DefaultRatelimitMapping() *mapper.MetricMapper {
 //     (rls.RatelimitStats), KEY its stats key sanitized as ratelimit's
 //     SanitizeStatName does (':', '|' and the dots of IPv4 addresses
 //     become '_');
+//   - ratelimit.service.rate_limit.DOMAIN.domain_not_found: descriptors
+//     of calls to a domain no mapping names, sanitized likewise (the
+//     domains share the keys' bound);
+//   - ratelimit.service.global_shadow_mode: calls over the limit that
+//     the service's shadow mode answered OK;
 //   - ratelimit.service.call.should_rate_limit.{redis_error,service_error}:
 //     calls answered with an error (the store, a deferred charge's too;
 //     anything else);
@@ -93,8 +98,8 @@ type Ratelimit struct {
 // makes a series as it resolves it.
 type limitStats struct {
 	prefix   string // the statsd name up to the stat's
-	series   [5]series
-	resolved [5]bool
+	series   [6]series
+	resolved [6]bool
 }
 
 // series is where one statsd name's values go: a counter's or an
@@ -105,8 +110,9 @@ type series struct {
 	scale    float64
 }
 
-// statNames are the per-limit stats, in the order of keys' arrays.
-var statNames = [5]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"}
+// statNames are the per-key stats, in the order of keys' arrays: a
+// limit's, and an unknown domain's domain_not_found.
+var statNames = [6]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "domain_not_found"}
 
 // NewRatelimit makes the metrics, named by m (nil: the default mapping).
 func NewRatelimit(m *mapper.MetricMapper) *Ratelimit {
@@ -118,7 +124,7 @@ func NewRatelimit(m *mapper.MetricMapper) *Ratelimit {
 		mapper: m,
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokengate_rls_ratelimit_keys_dropped_total",
-			Help: "Descriptors whose stats key was not named: 10000 keys were (detailed_metric and value_to_metric make a key per request value).",
+			Help: "Descriptors whose stats key (or unknown domain) was not named: 10000 keys were (detailed_metric and value_to_metric make a key per request value).",
 		}),
 		count: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "statsd_exporter_metrics_total",
@@ -202,7 +208,7 @@ func (r *Ratelimit) Stats(s rls.RatelimitStats) {
 	if k == nil {
 		return
 	}
-	for i, n := range [5]uint64{s.TotalHits, s.OverLimit, s.NearLimit, s.WithinLimit, s.ShadowMode} {
+	for i, n := range [6]uint64{s.TotalHits, s.OverLimit, s.NearLimit, s.WithinLimit, s.ShadowMode, s.DomainNotFound} {
 		if n == 0 {
 			continue
 		}
@@ -281,6 +287,12 @@ func (r *Ratelimit) Error(reason string) {
 		t = "redis_error"
 	}
 	r.named("ratelimit.service.call.should_rate_limit."+t, false).add(1)
+}
+
+// GlobalShadowMode counts a call over the limit that the service's shadow
+// mode answered OK.
+func (r *Ratelimit) GlobalShadowMode() {
+	r.named("ratelimit.service.global_shadow_mode", false).add(1)
 }
 
 // ConfigLoad counts a configuration loaded (ok) or refused.

@@ -53,6 +53,9 @@ func feed(t *testing.T, r *Ratelimit) {
 	r.Stats(rls.RatelimitStats{Key: "eg.rule-0.masked_remote_address_0.0.0.0/0.deeper", TotalHits: 5, OverLimit: 2, NearLimit: 1, WithinLimit: 3})
 	r.Stats(rls.RatelimitStats{Key: "eg.rule-0.masked_remote_address_0.0.0.0/0.deeper", TotalHits: 1, WithinLimit: 1})
 	r.Stats(rls.RatelimitStats{Key: "rl.remote_address", TotalHits: 2, WithinLimit: 1, OverLimit: 1})
+	r.Stats(rls.RatelimitStats{Key: "nowhere", DomainNotFound: 1})
+	r.Stats(rls.RatelimitStats{Key: "nowhere", DomainNotFound: 1})
+	r.GlobalShadowMode()
 	r.Error(rls.ErrorStore)
 	r.Error(rls.ErrorInvalid)
 	r.ConfigLoad(true)
@@ -103,6 +106,10 @@ func TestRatelimitExposition(t *testing.T) {
 		`ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="0.005"} 1`,
 		"ratelimit_service_config_load_success 1",
 		"ratelimit_service_config_load_error 1",
+		// No line of the default mapping names these: their statsd
+		// names, escaped, as ratelimit's output gives them.
+		"ratelimit_service_rate_limit_nowhere_domain_not_found 2",
+		"ratelimit_service_global_shadow_mode 1",
 	})
 	for _, absent := range []string{"ratelimit_service_rate_limit_shadow_mode{", "ratelimit_service_rate_limit_near_limit" + one} {
 		if strings.Contains(body, absent) {
@@ -120,11 +127,16 @@ func TestRatelimitExposition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != MaxRatelimitKeys {
-		t.Errorf("%d total_hits series, want the bound %d", n, MaxRatelimitKeys)
+	// The unknown domain holds one of the keys, without total_hits.
+	if n != MaxRatelimitKeys-1 {
+		t.Errorf("%d total_hits series, want the bound %d less the unknown domain's key", n, MaxRatelimitKeys)
 	}
-	if got := testutil.ToFloat64(r.dropped); got != 7 {
-		t.Errorf("dropped = %v, want 7 (the keys past the bound)", got)
+	if got := testutil.ToFloat64(r.dropped); got != 8 {
+		t.Errorf("dropped = %v, want 8 (the keys past the bound)", got)
+	}
+	r.Stats(rls.RatelimitStats{Key: "nowhere", DomainNotFound: 1})
+	if body := scrape(t, r); !strings.Contains(body, "\nratelimit_service_rate_limit_nowhere_domain_not_found 3\n") {
+		t.Errorf("a known key past the bound must still count:\n%s", body[:min(len(body), 2000)])
 	}
 }
 

@@ -59,6 +59,10 @@ type Config struct {
 	// a limit ratelimit keeps stats for, with what ratelimit would add to
 	// them; for a deferred charge, once it is written.
 	OnStats func(RatelimitStats)
+	// OnGlobalShadowMode, when set, is called once per call that was over
+	// the limit and answered OK by the service's shadow mode
+	// (rls.shadow_mode), as ratelimit counts global_shadow_mode.
+	OnGlobalShadowMode func()
 }
 
 // Result is what one descriptor of a call met and was answered. A plain
@@ -364,8 +368,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if failedLimit > 0 || quotaMode > 0 && quotaMode == failedQuota {
 		resp.OverallCode = overCode
 	}
-	if m.shadow {
+	if m.shadow && resp.OverallCode == overCode {
 		resp.OverallCode = okCode
+		if s.cfg.OnGlobalShadowMode != nil {
+			s.cfg.OnGlobalShadowMode()
+		}
 	}
 	if m.headers != nil {
 		resp.ResponseHeadersToAdd = m.headers.of(pick.status)
@@ -567,10 +574,18 @@ func (s *Service) deferCharges(m *mapping, req *rlsv3.RateLimitRequest, plans []
 
 // stats hands what ratelimit would add to the stats of the limit that
 // descriptor d of a call to domain met, planned as p and answered, to
-// Config.OnStats: nothing for a check, a refund, or a descriptor that
-// meets no limit ratelimit keeps stats for.
+// Config.OnStats: domain_not_found for a domain no mapping names; nothing
+// for a check, a refund, or a descriptor that meets no limit ratelimit
+// keeps stats for.
 func (s *Service) stats(m *mapping, p *plan, domain string, d *commonv3.RateLimitDescriptor) {
-	if s.cfg.OnStats == nil || p.hits == 0 || p.negative {
+	if s.cfg.OnStats == nil {
+		return
+	}
+	if p.kind == KindUnknownDomain {
+		s.cfg.OnStats(RatelimitStats{Key: domain, DomainNotFound: 1})
+		return
+	}
+	if p.hits == 0 || p.negative {
 		return
 	}
 	key := m.statsKey(p, domain, d)

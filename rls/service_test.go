@@ -76,6 +76,8 @@ type rig struct {
 	seen  []rls.Result
 	errs  []string
 	stats []rls.RatelimitStats
+	// shadowed counts the calls the service's shadow mode answered OK.
+	shadowed int
 }
 
 func newRig(t *testing.T, store buckets.Store, yaml string) *rig {
@@ -87,9 +89,10 @@ func newRig(t *testing.T, store buckets.Store, yaml string) *rig {
 	r := &rig{store: store, cfg: cfg}
 	svc, err := rls.New(rls.Config{
 		Store: store, Prices: cfg.Prices(),
-		OnDescriptor: func(res rls.Result) { r.mu.Lock(); r.seen = append(r.seen, res); r.mu.Unlock() },
-		OnError:      func(reason string) { r.mu.Lock(); r.errs = append(r.errs, reason); r.mu.Unlock() },
-		OnStats:      func(st rls.RatelimitStats) { r.mu.Lock(); r.stats = append(r.stats, st); r.mu.Unlock() },
+		OnDescriptor:       func(res rls.Result) { r.mu.Lock(); r.seen = append(r.seen, res); r.mu.Unlock() },
+		OnError:            func(reason string) { r.mu.Lock(); r.errs = append(r.errs, reason); r.mu.Unlock() },
+		OnStats:            func(st rls.RatelimitStats) { r.mu.Lock(); r.stats = append(r.stats, st); r.mu.Unlock() },
+		OnGlobalShadowMode: func() { r.mu.Lock(); r.shadowed++; r.mu.Unlock() },
 	})
 	if err != nil {
 		t.Fatal(err)

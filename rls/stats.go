@@ -20,10 +20,16 @@ type RatelimitStats struct {
 	// Key is ratelimit's stats key for the limit, not yet sanitized
 	// ("domain.key_value.key"): the configured path, the request's values
 	// where detailed_metric or value_to_metric say so, the entries' own
-	// for a descriptor's own limit.
+	// for a descriptor's own limit. For DomainNotFound it is the
+	// request's domain, ratelimit's key of that stat.
 	Key string
 	// The hits added to each stat.
 	TotalHits, OverLimit, NearLimit, WithinLimit, ShadowMode uint64
+	// DomainNotFound is 1 for a descriptor of a call to a domain no
+	// mapping names, hits or not, as ratelimit counts its
+	// domain_not_found for every descriptor it looks up there; the rest
+	// is zero then.
+	DomainNotFound uint64
 }
 
 // ratelimitCount is what ratelimit's base limiter adds for hits that took

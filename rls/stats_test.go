@@ -58,6 +58,7 @@ func (r *rig) byKey() map[string]rls.RatelimitStats {
 		t.NearLimit += s.NearLimit
 		t.WithinLimit += s.WithinLimit
 		t.ShadowMode += s.ShadowMode
+		t.DomainNotFound += s.DomainNotFound
 		out[s.Key] = t
 	}
 	return out
@@ -69,7 +70,9 @@ func (r *rig) byKey() map[string]rls.RatelimitStats {
 // threshold (0.8 of the limit, rounded down) and not past the limit in
 // near_limit; those past it in over_limit, and in shadow_mode too when the
 // rule's shadow mode answered OK. A check (hits 0), an unlimited
-// descriptor, a replaced limit and an unknown domain add nothing. The keys
+// descriptor and a replaced limit add nothing; every descriptor of a call
+// to an unknown domain, hits or not, adds 1 to that domain's
+// domain_not_found, as ratelimit's GetLimit counts it. The keys
 // are ratelimit's: the configured path, the request's values with
 // detailed_metric and value_to_metric, a wildcard's pattern, the entries
 // for a descriptor's own limit.
@@ -97,6 +100,9 @@ func TestRatelimitStats(t *testing.T) {
 		if _, err := r.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "elsewhere", Descriptors: []*commonv3.RateLimitDescriptor{hits(desc("user", "x"), 5)}}); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := r.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "elsewhere", Descriptors: []*commonv3.RateLimitDescriptor{hits(desc("user", "y"), 0), desc("route", "/")}}); err != nil {
+			t.Fatal(err)
+		}
 		want := map[string]rls.RatelimitStats{
 			"d.user":                {TotalHits: 13, WithinLimit: 9, NearLimit: 2, OverLimit: 3},
 			"d.shadow":              {TotalHits: 7, NearLimit: 1, OverLimit: 2, ShadowMode: 2},
@@ -106,6 +112,7 @@ func TestRatelimitStats(t *testing.T) {
 			"d.team_ops-*.user":     {TotalHits: 1, WithinLimit: 1},
 			"d.better":              {TotalHits: 1, WithinLimit: 1},
 			"d.user_carol":          {TotalHits: 3, WithinLimit: 3, NearLimit: 0},
+			"elsewhere":             {DomainNotFound: 3},
 		}
 		for k, v := range want {
 			v.Key = k
@@ -115,6 +122,38 @@ func TestRatelimitStats(t *testing.T) {
 			t.Errorf("stats (-want +got):\n%s", d)
 		}
 	})
+}
+
+// TestRatelimitStatsGlobalShadowMode: with the service's shadow mode
+// (ratelimit's SHADOW_MODE) a call over the limit is answered OK and
+// counted in global_shadow_mode, once per call however many descriptors
+// were over; a call within the limit, and one a rule's own shadow mode
+// answered OK, are not (§3.5).
+func TestRatelimitStatsGlobalShadowMode(t *testing.T) {
+	yaml := strings.Replace(statsYAML, "rls:\n", "rls:\n  shadow_mode: true\n", 1)
+	onEveryStoreWith(t, yaml, func(t *testing.T, r *rig) {
+		r.call(t, hits(desc("user", "ivy"), 4))
+		r.call(t, hits(desc("shadow", "ivy"), 9))
+		if n := r.shadowedCalls(); n != 0 {
+			t.Fatalf("%d calls counted before any was over the limit", n)
+		}
+		got := r.call(t, hits(desc("user", "ivy"), 9), hits(desc("banned", "x"), 1))
+		if got.GetOverallCode() != ok || got.GetStatuses()[0].GetCode() != over {
+			t.Errorf("over the limit in global shadow mode: overall %v, first status %v; want OK, OVER_LIMIT", got.GetOverallCode(), got.GetStatuses()[0].GetCode())
+		}
+		if n := r.shadowedCalls(); n != 1 {
+			t.Errorf("%d calls counted in global_shadow_mode, want 1", n)
+		}
+		if st := r.byKey()["d.user"]; st.OverLimit != 3 {
+			t.Errorf("d.user %+v: shadow mode must count hits as usual (3 over)", st)
+		}
+	})
+}
+
+func (r *rig) shadowedCalls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.shadowed
 }
 
 // TestRatelimitStatsNearLimitRatio: rls.near_limit_ratio moves the near

@@ -380,6 +380,7 @@ func buildRLS(cfg *config.Config, store buckets.Store, m *metrics.Metrics, rl *m
 	}
 	if rl != nil {
 		c.OnStats = rl.Stats
+		c.OnGlobalShadowMode = rl.GlobalShadowMode
 		c.OnError = func(reason string) { m.RLSError(reason); rl.Error(reason) }
 	}
 	svc, err := rls.New(c)

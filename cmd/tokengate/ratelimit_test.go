@@ -185,15 +185,21 @@ descriptors:
 			t.Errorf("ShouldRateLimit %d: %v, want %v", i+1, got, want)
 		}
 	}
+	// A domain no file names: no limit (OK), and its domain_not_found.
+	if got := call("nowhere"); got != rlsv3.RateLimitResponse_OK {
+		t.Errorf("ShouldRateLimit of an unknown domain: %v, want OK", got)
+	}
 	// ratelimit's Prometheus names on PROMETHEUS_ADDR (§3.6): the limit's
 	// stats key is its configured path, rl.remote_address; of its two
-	// hits one was within the limit of 1 and one over it.
+	// hits one was within the limit of 1 and one over it. The unknown
+	// domain's stat has no line in the default mapping: its statsd name.
 	key := `{domain="rl",key1="remote_address"}`
 	scrapeHas(t, ratelimitMetricsURL(t, p), []string{
 		"ratelimit_service_rate_limit_total_hits" + key + " 2",
 		"ratelimit_service_rate_limit_within_limit" + key + " 1",
 		"ratelimit_service_rate_limit_over_limit" + key + " 1",
-		`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 2`,
+		"ratelimit_service_rate_limit_nowhere_domain_not_found 1",
+		`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 3`,
 		`ratelimit_service_total_requests{grpc_method="Check"} 1`,
 		"ratelimit_service_config_load_success 1",
 	})
