@@ -40,6 +40,7 @@ var valueSets = []string{
 	"ci/single-memory.yaml",
 	"ci/redis-fleet-mtls.yaml",
 	"ci/redis-cluster.yaml",
+	"ci/ratelimit-service.yaml",
 }
 
 var binary struct {
@@ -236,6 +237,7 @@ func TestChartRendersAndValidates(t *testing.T) {
 			checkDeployment(t, m, cfg)
 			checkService(t, m)
 			checkOptional(t, m, vals)
+			checkRatelimitMetrics(t, m, cfg, vals)
 		})
 	}
 }
@@ -413,12 +415,78 @@ func checkOptional(t *testing.T, m manifests, vals chartutil.Values) {
 	monitor, _ := vals.Table("serviceMonitor")
 	if enabled, _ := monitor["enabled"].(bool); enabled {
 		sm := m.serviceMonitor
-		if sm == nil || !selects(sm.Spec.Selector.MatchLabels, m.service.Labels) || len(sm.Spec.Endpoints) != 1 ||
+		if sm == nil || !selects(sm.Spec.Selector.MatchLabels, m.service.Labels) || len(sm.Spec.Endpoints) == 0 ||
 			sm.Spec.Endpoints[0].Port != "admin" || sm.Spec.Endpoints[0].Path != "/metrics" {
 			t.Errorf("ServiceMonitor %+v: want /metrics on the Service's admin port", sm)
 		}
 	} else if m.serviceMonitor != nil {
 		t.Error("a ServiceMonitor without serviceMonitor.enabled")
+	}
+}
+
+// checkRatelimitMetrics: with ports.ratelimitMetrics the configuration
+// serves the rate-limit service's stats on every interface at that port
+// (listeners.ratelimit_metrics), which the pod, the Service and the
+// ServiceMonitor (when enabled) expose at the configured path; without it,
+// none of them names it.
+func checkRatelimitMetrics(t *testing.T, m manifests, cfg *config.Config, vals chartutil.Values) {
+	t.Helper()
+	port := int32(0)
+	if ports, err := vals.Table("ports"); err == nil {
+		if p, ok := ports["ratelimitMetrics"].(float64); ok {
+			port = int32(p)
+		}
+	}
+	var container, service int32
+	for _, p := range m.deployment.Spec.Template.Spec.Containers[0].Ports {
+		if p.Name == "rl-metrics" {
+			container = p.ContainerPort
+		}
+	}
+	for _, p := range m.service.Spec.Ports {
+		if p.Name == "rl-metrics" {
+			service = p.Port
+			if p.TargetPort.String() != "rl-metrics" {
+				t.Errorf("Service rl-metrics targets %s, want the container's rl-metrics", p.TargetPort.String())
+			}
+		}
+	}
+	var scraped []string
+	if sm := m.serviceMonitor; sm != nil {
+		for _, e := range sm.Spec.Endpoints {
+			if e.Port == "rl-metrics" {
+				scraped = append(scraped, e.Path)
+			}
+		}
+	}
+	if port == 0 {
+		if cfg.Listeners.RatelimitMetrics != "" || container != 0 || service != 0 || len(scraped) > 0 {
+			t.Errorf("without ports.ratelimitMetrics: listener %q, container port %d, Service port %d, scraped %v; want none", cfg.Listeners.RatelimitMetrics, container, service, scraped)
+		}
+		return
+	}
+	if want := fmt.Sprintf("0.0.0.0:%d", port); cfg.Listeners.RatelimitMetrics != want {
+		t.Errorf("listeners.ratelimit_metrics %q, want %q", cfg.Listeners.RatelimitMetrics, want)
+	}
+	if container != port || service != port {
+		t.Errorf("rl-metrics: container port %d, Service port %d, want %d", container, service, port)
+	}
+	if m.serviceMonitor != nil && !slices.Equal(scraped, []string{cfg.Listeners.RatelimitMetricsAt()}) {
+		t.Errorf("ServiceMonitor scrapes rl-metrics at %v, want %s", scraped, cfg.Listeners.RatelimitMetricsAt())
+	}
+}
+
+// The chart sets listeners.ratelimit_metrics from ports.ratelimitMetrics,
+// as it sets the other listeners: one set in config instead would serve a
+// port no Service exposes, so the render refuses it and says what to set.
+func TestChartRefusesItsOwnRatelimitMetricsListener(t *testing.T) {
+	vals := chartutil.Values{"config": map[string]any{
+		"store":     map[string]any{"type": "memory"},
+		"listeners": map[string]any{"ratelimit_metrics": "0.0.0.0:19001"},
+	}}
+	_, err := render(loadChart(t), vals)
+	if err == nil || !strings.Contains(err.Error(), "set ports.ratelimitMetrics instead") {
+		t.Errorf("render with config.listeners.ratelimit_metrics: %v, want it refused naming ports.ratelimitMetrics", err)
 	}
 }
 

@@ -38,6 +38,9 @@ variables the chart sets.
 {{- $listeners := default dict $cfg.listeners -}}
 {{- $_ := set $listeners "grpc" (printf "0.0.0.0:%v" .Values.ports.grpc) -}}
 {{- $_ := set $listeners "admin" (printf "0.0.0.0:%v" .Values.ports.admin) -}}
+{{- if .Values.ports.ratelimitMetrics -}}
+{{- $_ := set $listeners "ratelimit_metrics" (printf "0.0.0.0:%v" .Values.ports.ratelimitMetrics) -}}
+{{- end -}}
 {{- $adminAPI := or .Values.adminToken.existingSecret .Values.adminToken.value -}}
 {{- if and .Values.insecure (or (not $listeners.grpc_tls) (and $adminAPI (not $listeners.admin_tls))) -}}
 {{- $_ := set $listeners "insecure" true -}}
@@ -57,4 +60,9 @@ variables the chart sets.
 {{/* tokengate.adminScheme: HTTPS when the admin listener serves TLS. */}}
 {{- define "tokengate.adminScheme" -}}
 {{- if and .Values.config.listeners .Values.config.listeners.admin_tls -}}HTTPS{{- else -}}HTTP{{- end -}}
+{{- end -}}
+
+{{/* tokengate.ratelimitMetricsPath: where listeners.ratelimit_metrics serves. */}}
+{{- define "tokengate.ratelimitMetricsPath" -}}
+{{- if and .Values.config.listeners .Values.config.listeners.ratelimit_metrics_path -}}{{ .Values.config.listeners.ratelimit_metrics_path }}{{- else -}}/metrics{{- end -}}
 {{- end -}}
