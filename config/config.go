@@ -226,7 +226,19 @@ type Redis struct {
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	Timeout     time.Duration `yaml:"timeout"`
 	PoolSize    int           `yaml:"pool_size"`
+	// SettleWindow is how long a settlement nobody waits for (ext_proc's,
+	// settled at stream end) or a deferred charge (rls.deferred_charges)
+	// waits in the gateway for a call to Redis to join before it is sent on
+	// its own: longer shares script calls among more requests at low load,
+	// and leaves Redis that much later in seeing them. Default 2ms, at most
+	// MaxSettleWindow.
+	SettleWindow time.Duration `yaml:"settle_window"`
 }
+
+// MaxSettleWindow bounds store.redis.settle_window: what a gateway holds
+// back from Redis is what other gateways do not see, and what a crash of
+// this one loses.
+const MaxSettleWindow = time.Second
 
 // Sentinel reaches the master of a Redis Sentinel deployment: the store
 // asks the sentinels at Addrs for the master named Master, and follows it
@@ -587,6 +599,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Store.Redis.Timeout == 0 {
 		c.Store.Redis.Timeout = 250 * time.Millisecond
+	}
+	if c.Store.Redis.SettleWindow == 0 {
+		c.Store.Redis.SettleWindow = 2 * time.Millisecond
 	}
 	if c.Tokenizer.DefaultOutputTokens == 0 {
 		c.Tokenizer.DefaultOutputTokens = 1024

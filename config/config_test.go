@@ -120,14 +120,14 @@ policies:
 	}
 	got := struct {
 		Default, Store, OnFailure, NS, Key string
-		Lease                              time.Duration
+		Lease, SettleWindow                time.Duration
 		MaxModels                          int
-	}{c.DefaultPolicy, c.Store.Type, c.Store.OnFailure, c.Namespace, c.PolicyMetadataKey, c.Policies[0].Concurrency[0].Lease, *c.Metrics.MaxModels}
+	}{c.DefaultPolicy, c.Store.Type, c.Store.OnFailure, c.Namespace, c.PolicyMetadataKey, c.Policies[0].Concurrency[0].Lease, c.Store.Redis.SettleWindow, *c.Metrics.MaxModels}
 	want := struct {
 		Default, Store, OnFailure, NS, Key string
-		Lease                              time.Duration
+		Lease, SettleWindow                time.Duration
 		MaxModels                          int
-	}{"only", "memory", "closed", "tokengate", "x-tokengate-policy", 10 * time.Minute, DefaultMaxModels}
+	}{"only", "memory", "closed", "tokengate", "x-tokengate-policy", 10 * time.Minute, 2 * time.Millisecond, DefaultMaxModels}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)
 	}

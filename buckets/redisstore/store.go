@@ -202,6 +202,10 @@ func New(c Scripter, opts Options) *Store {
 	return s
 }
 
+// SettleWindow is how long a settlement queued by SettleAsync, or a charge
+// by ChargeAsync, waits for a call to join (Options.SettleWindow).
+func (s *Store) SettleWindow() time.Duration { return s.window }
+
 // start checks that the caller still waits (ctx not done: otherwise nothing
 // is written and the caller's error is returned, never ErrStore) and
 // returns the context the operation runs on: detached from ctx's

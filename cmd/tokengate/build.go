@@ -495,7 +495,7 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 			// until Redis answers.
 			logger.Warn("redis not reachable at start-up", "addrs", opts.Addrs, "master", opts.MasterName, "err", err)
 		}
-		return redisstore.New(client, redisstore.Options{Prefix: rc.KeyPrefix, Cluster: rc.Cluster}), client.Close, nil
+		return redisstore.New(client, redisstore.Options{Prefix: rc.KeyPrefix, Cluster: rc.Cluster, SettleWindow: rc.SettleWindow}), client.Close, nil
 	}
 	return nil, nil, fmt.Errorf("store.type: unknown store %q", cfg.Store.Type)
 }

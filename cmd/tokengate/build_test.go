@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"testing"
 	"time"
@@ -8,8 +9,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/buckets/redisstore"
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/extproc"
+	"github.com/tokengate/tokengate/internal/redistest"
 )
 
 // The configuration file maps onto the server's policies: rates per second,
@@ -93,6 +96,35 @@ policies: [{name: p, buckets: [{name: g, tokens_per_minute: 600}]}]
 		got := [7]any{sc.MaxStreams, sc.StreamIdleTimeout, sc.MaxEventBytes, sc.UsageMargin, sc.UsageSlack, sc.UsageContextWindow, sc.UsageMaxOutputTokens}
 		if got != tc.want {
 			t.Errorf("%s: max_streams, stream_idle_timeout, max_event_bytes, margin, slack, context window, max output = %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+}
+
+// store.redis.settle_window reaches the Redis store serve builds: the
+// default 2ms, or the configured window.
+func TestRedisSettleWindow(t *testing.T) {
+	addr := redistest.Start(t).Addr
+	for yaml, want := range map[string]time.Duration{
+		"":                      2 * time.Millisecond,
+		", settle_window: 10ms": 10 * time.Millisecond,
+	} {
+		cfg, err := config.Parse("w.yaml", []byte("store: {type: redis, redis: {addrs: ["+addr+"]"+yaml+"}}\npolicies: [{name: p, buckets: [{name: g, tokens_per_minute: 60}]}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		store, closeStore, err := buildStore(context.Background(), cfg, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, ok := store.(*redisstore.Store)
+		if !ok {
+			t.Fatalf("store %T, want *redisstore.Store", store)
+		}
+		if got := rs.SettleWindow(); got != want {
+			t.Errorf("settle window %v with %q, want %v", got, yaml, want)
+		}
+		if err := closeStore(); err != nil {
+			t.Error(err)
 		}
 	}
 }
