@@ -33,6 +33,7 @@ func TestDriverBuildsAndVets(t *testing.T) {
 // only the tg system (no ratelimit binary needed), two concurrency levels
 // and a few hundred requests each, and checks what it reports: a line per
 // measurement, every request answered, Redis calls and CPU counted.
+// TG_REDIS_EXTRA's line lands in store.redis, or validate would refuse it.
 func TestRunMeasuresTokengateAlone(t *testing.T) {
 	redisServer := redistest.Binary(t)
 	if _, err := exec.LookPath("curl"); err != nil {
@@ -44,7 +45,9 @@ func TestRunMeasuresTokengateAlone(t *testing.T) {
 	}
 	out := t.TempDir()
 	cmd := exec.Command("./run.sh")
-	cmd.Env = append(os.Environ(), "SYSTEMS=tg", "N=300", "WARMUP=50", "CONC=1,4", "ROUNDS=1",
+	// TG_REDIS_EXTRA reaches tokengate's store.redis (validated by run.sh
+	// through tokengate validate before serve).
+	cmd.Env = append(os.Environ(), "SYSTEMS=tg", "N=300", "WARMUP=50", "CONC=1,4", "ROUNDS=1", "TG_REDIS_EXTRA=settle_window: 5ms",
 		"OUT_DIR="+out, "TOKENGATE_SRC="+root, "REDIS_SERVER="+redisServer, "PATH="+filepath.Dir(goTool())+":"+os.Getenv("PATH"))
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("run.sh: %v\n%s", err, b)

@@ -23,6 +23,7 @@
 # REDIS_SERVER=redis-server; RATELIMIT_COMMIT (recorded in the results; the
 # binary carries no VCS stamp when built by go build ./src/service_cmd);
 # TG_BUCKET_EXTRA (one more YAML line for tokengate's user bucket, e.g. "lease: auto");
+# TG_REDIS_EXTRA (one more YAML line for tokengate's store.redis, e.g. "settle_window: 10ms");
 # TG_EXTRA_CONFIG (top-level YAML appended to tokengate's config, e.g. its RLS mapping for
 # domain ai-gateway, descriptor key user); systems tr1,tr2 send the rl1/rl2 shapes to
 # tokengate's RateLimitService at TGRLS_ADDR (default: tokengate's gRPC listener);
@@ -139,7 +140,8 @@ listeners:
 store:
   type: redis
   redis:
-    addrs: ["127.0.0.1:$P_REDIS"]
+    addrs: ["127.0.0.1:$P_REDIS"]${TG_REDIS_EXTRA:+
+    $TG_REDIS_EXTRA}
 tokenizer:
   fallback_encoding: o200k_base
 default_policy: bench
