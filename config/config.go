@@ -237,8 +237,10 @@ type Redis struct {
 
 // MaxSettleWindow bounds store.redis.settle_window: what a gateway holds
 // back from Redis is what other gateways do not see, and what a crash of
-// this one loses.
-const MaxSettleWindow = time.Second
+// this one loses; past a few milliseconds a longer window shares little
+// more, and a stream waits for its settlement's answer (2s at most) before
+// it ends.
+const MaxSettleWindow = 100 * time.Millisecond
 
 // Sentinel reaches the master of a Redis Sentinel deployment: the store
 // asks the sentinels at Addrs for the master named Master, and follows it
