@@ -45,8 +45,6 @@ func TestRunMeasuresTokengateAlone(t *testing.T) {
 	}
 	out := t.TempDir()
 	cmd := exec.Command("./run.sh")
-	// TG_REDIS_EXTRA reaches tokengate's store.redis (validated by run.sh
-	// through tokengate validate before serve).
 	cmd.Env = append(os.Environ(), "SYSTEMS=tg", "N=300", "WARMUP=50", "CONC=1,4", "ROUNDS=1", "TG_REDIS_EXTRA=settle_window: 5ms",
 		"OUT_DIR="+out, "TOKENGATE_SRC="+root, "REDIS_SERVER="+redisServer, "PATH="+filepath.Dir(goTool())+":"+os.Getenv("PATH"))
 	if b, err := cmd.CombinedOutput(); err != nil {
