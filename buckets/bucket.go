@@ -43,6 +43,11 @@ type AsyncSettler interface {
 	Flush(ctx context.Context) error
 }
 
+// DefaultSettleWindow is how long a settlement queued by SettleAsync waits,
+// unless a store is told otherwise, for a call to the store to join before
+// it goes on its own.
+const DefaultSettleWindow = 2 * time.Millisecond
+
 // DefaultSlotLease is the lease of a concurrency slot whose Lease is zero.
 // A stream that outlives its lease no longer counts against the limit, so the
 // lease should exceed the longest expected response.

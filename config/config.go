@@ -21,6 +21,7 @@ import (
 
 	yaml "go.yaml.in/yaml/v3"
 
+	"github.com/tokengate/tokengate/buckets"
 	"github.com/tokengate/tokengate/pricing"
 	"github.com/tokengate/tokengate/rls/rlconfig"
 )
@@ -603,7 +604,7 @@ func (c *Config) applyDefaults() {
 		c.Store.Redis.Timeout = 250 * time.Millisecond
 	}
 	if c.Store.Redis.SettleWindow == 0 {
-		c.Store.Redis.SettleWindow = 2 * time.Millisecond
+		c.Store.Redis.SettleWindow = buckets.DefaultSettleWindow
 	}
 	if c.Tokenizer.DefaultOutputTokens == 0 {
 		c.Tokenizer.DefaultOutputTokens = 1024

@@ -459,7 +459,7 @@ func (v *validator) validateStore(s *Store) {
 			v.add("store.redis.timeout", "must not be negative, got %s", r.Timeout)
 		}
 		if r.SettleWindow < 0 || r.SettleWindow > MaxSettleWindow {
-			v.add("store.redis.settle_window", "must be between 0 (the default, 2ms) and %s, got %s: settlements and deferred charges wait this long before Redis sees them", MaxSettleWindow, r.SettleWindow)
+			v.add("store.redis.settle_window", "must be between 0 (the default, %s) and %s, got %s: settlements and deferred charges wait this long before Redis sees them", buckets.DefaultSettleWindow, MaxSettleWindow, r.SettleWindow)
 		}
 		if r.DB < 0 {
 			v.add("store.redis.db", "must not be negative, got %d", r.DB)

@@ -139,8 +139,8 @@ type Options struct {
 	// again within it (see Calls sent again). Zero means two seconds.
 	Timeout time.Duration
 	// SettleWindow is how long a settlement queued by SettleAsync waits for
-	// a call to Redis to join before it goes on its own. Zero means two
-	// milliseconds.
+	// a call to Redis to join before it goes on its own. Zero means
+	// buckets.DefaultSettleWindow.
 	SettleWindow time.Duration
 }
 
@@ -197,7 +197,7 @@ func New(c Scripter, opts Options) *Store {
 	s.afterFunc = func(d time.Duration, f func()) stopper { return time.AfterFunc(d, f) }
 	s.window = opts.SettleWindow
 	if s.window <= 0 {
-		s.window = 2 * time.Millisecond
+		s.window = buckets.DefaultSettleWindow
 	}
 	return s
 }
