@@ -57,7 +57,9 @@ type Config struct {
 	OnError func(reason string)
 	// OnStats, when set, is called once per descriptor of hits that meets
 	// a limit ratelimit keeps stats for, with what ratelimit would add to
-	// them; for a deferred charge, once it is written.
+	// them (for a deferred charge, once it is written), and once per
+	// descriptor of a call to a domain no mapping names, hits or not
+	// (RatelimitStats.DomainNotFound).
 	OnStats func(RatelimitStats)
 	// OnGlobalShadowMode, when set, is called once per call that was over
 	// the limit and answered OK by the service's shadow mode
