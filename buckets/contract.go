@@ -165,6 +165,11 @@ type Reservation struct {
 	// before Settle, which charges it to quotas of money instead of Money.
 	// Zero means the request cost nothing.
 	Spent float64
+	// Unanswered is a store's note, on the Rest of an IncompleteError of a
+	// Charge, of the calls that may have applied the charge although
+	// their replies were lost: Replayer.Replay of Rest asks them whether
+	// they ran. Callers keep it with the rest of Rest and never set it.
+	Unanswered []string `json:",omitempty"`
 }
 
 // Store is the contract that the memory and Redis stores satisfy

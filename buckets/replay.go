@@ -63,10 +63,11 @@ type Replayer interface {
 // taken for: the hits of Envoy's rate-limit service (package rls), each a
 // debit or a refund of its own, applied even when it drives a bucket into
 // debt. It is a Replay of a settlement that never reached the store
-// (Replayer.Replay with sent false): r needs no record, and its ID, which
-// the caller generates, makes a copy of the call sent again after a lost
-// reply apply nothing (a replay's marker, kept RepeatWindow: one is left
-// per call).
+// (Replayer.Replay with sent false): r needs no record. A copy of the
+// store's call sent again after a lost reply applies nothing, and a
+// Charge that failed with an *IncompleteError is made good by a Replay of
+// its Rest, which applies what the lost call did not, once. Each Charge
+// call is a charge of its own: the caller draws a new ID for each.
 type Charger interface {
 	// Charge applies r as a settlement of actual tokens (and r.Spent of
 	// money) of a reservation that was never taken: each bucket moves by
@@ -74,8 +75,8 @@ type Charger interface {
 	// at most up to its capacity), each quota by what settling it would
 	// charge, in the windows of r.Windows. When r.Windows is nil, Charge
 	// sets it to the windows that hold now on the store's clock, before
-	// anything is sent, so that the caller can send the call again
-	// unchanged. It applies once per r.ID however often it is called,
+	// anything is sent, so that a Replay of it charges the same windows.
+	// It applies once however often the store sends it,
 	// writes nothing when ctx is already done (an error wrapping
 	// ctx.Err()), and returns each bucket's state after the charge:
 	// BucketState.Remaining − BucketState.Forgiven is the level the charge

@@ -65,6 +65,15 @@ type op struct {
 	marker  string
 	markTTL float64
 	maybe   bool
+	// charge: a settlement never reserved, applied once by the marker of
+	// the call that carries it, one per batch (batchArgs names it in
+	// marker). prior, for a replay of a charge, is the marker of the call
+	// that may have applied it, its reply lost (see buckets.Reservation's
+	// Unanswered); fresh says that call was sent within half the repeat
+	// window, so a missing marker means it never ran.
+	charge bool
+	prior  string
+	fresh  bool
 	// ----
 	obs    []buckets.Observation // indexed like bs; each op writes its own
 	spent  []float64             // reserve: indexed like qs; likewise
@@ -84,8 +93,11 @@ func (o *op) numbers() int {
 		return 8 + 7*len(o.g.buckets) + 5*len(o.g.quotas) + 3*len(o.g.slots)
 	}
 	n := 5 + 7*len(o.g.buckets) + 4*len(o.g.quotas) + len(o.g.slots)
-	if o.marker != "" {
+	if o.marker != "" || o.charge {
 		n += 2
+	}
+	if o.prior != "" {
+		n += 3
 	}
 	return n
 }
@@ -99,10 +111,16 @@ func (o *op) kind() float64 {
 	if o.tomb {
 		k++
 	}
-	if o.marker != "" {
+	switch {
+	case o.charge:
+		k += 8
+	case o.marker != "":
 		k += 2
 		if o.maybe {
 			k += 4
+		}
+		if o.prior != "" {
+			k += 16
 		}
 	}
 	return k
@@ -354,6 +372,17 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 		}
 	}
 	nqk := len(k.keys) - nbk
+	// The charges of the batch apply once by one marker, named here: a
+	// copy of the call carries the same.
+	var mark string
+	for _, o := range batch {
+		if o.charge {
+			if mark == "" {
+				mark = s.prefix + "p:{" + o.g.tag + "}:" + newID()
+			}
+			o.marker = mark
+		}
+	}
 	packed := make([]byte, 0, 8*count)
 	packed = pack(packed, float64(len(batch)), float64(nbk), float64(nqk), maxInline, repeatUS)
 	args := make([]any, 3, 3+len(batch)+2)
@@ -391,6 +420,13 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 			packed = pack(packed, o.cost, o.maxWait.Seconds(), float64(o.life.Microseconds()))
 		} else if o.marker != "" {
 			packed = pack(packed, k.of(o.marker), ttlOf(o.markTTL))
+			if o.prior != "" {
+				fresh := 0.0
+				if o.fresh {
+					fresh = 1
+				}
+				packed = pack(packed, k.of(o.prior), ttlOf(float64(repeatMS)), fresh)
+			}
 		}
 		for _, i := range o.g.buckets {
 			b := o.bs[i]

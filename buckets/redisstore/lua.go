@@ -150,8 +150,13 @@ end
 //     limit, amount, TTL (ms), tag (a string's index); per slot key index,
 //     max, lease (µs);
 //   - settle (kind 2 plus 1 to leave a tombstone, plus 2 for a replay, plus
-//     4 for a replay of a settlement that may have applied): for a replay
-//     its marker key index and the marker's TTL (a string's index); per
+//     4 for a replay of a settlement that may have applied, plus 8 for a
+//     charge, plus 16 for a replay of a charge whose call went unanswered):
+//     for a replay or a charge its marker key index and the marker's TTL
+//     (a string's index); for a replay of a charge, the index of the
+//     marker key of the call that went unanswered, the TTL of that
+//     marker, and 1 when the call was sent within half the repeat window
+//     (else 0); per
 //     bucket key index, capacity, rate, low, TTL from low (a string's
 //     index), floor (-inf for none), delta
 //     (charged minus used; positive refunds); per quota key index, delta
@@ -191,6 +196,16 @@ end
 //     copy may have applied, a replay without the record applies only
 //     debits: what charges more, never a refund. A settle without a
 //     record key is a replay (AddSpend).
+//   - A charge (a settlement never reserved) applies once by its call's
+//     marker, one for all charges of the batch: the batch's first run
+//     sets it to 1 and applies them, a copy finds it and applies none. A
+//     replay of a charge whose call went unanswered asks that call's
+//     marker, setting it to 0 when it is missing: 1 says the call ran (the
+//     replay applies nothing); 0 or missing says it did not, and now never
+//     will (a copy of it still on its way finds the marker and applies
+//     none of its charges, each of which is replayed in its turn), so the
+//     replay applies in full — but debits only when the marker may have
+//     expired (the call was sent longer than half the repeat window ago).
 //
 // Returns one packed string of doubles, per operation: for a reserve its
 // status (0 admitted, 1 short of tokens, 2 concurrency full, 3 never
@@ -291,6 +306,8 @@ local function unmark(h)
     if B[h + 5] then B[h + 5] = B[h + 5] - 1 end
   end
 end
+-- once: per charge marker key, whether this run set it (see charge).
+local once
 local vals, nv = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0
 local a = 6
 for o = 1, nops do
@@ -463,21 +480,37 @@ for o = 1, nops do
     end
   else
     local f = kind - 2
-    local tomb, replay, maybe = f % 2 == 1, f % 4 >= 2, f >= 4
+    local tomb, replay, maybe, charge, prior = f % 2 == 1, f % 4 >= 2, f % 8 >= 4, f % 16 >= 8, f >= 16
     local b0 = a + 5
     local mk, mttl
-    if replay then mk, mttl, b0 = p[a + 5], ARGV[tg0 + p[a + 6]], a + 7 end
+    if replay or charge then mk, mttl, b0 = p[a + 5], ARGV[tg0 + p[a + 6]], a + 7 end
+    local pk, pttl, fresh
+    if prior then pk, pttl, fresh, b0 = p[b0], ARGV[tg0 + p[b0 + 1]], p[b0 + 2] == 1, b0 + 3 end
     local q0 = b0 + 7 * nb
     local s0 = q0 + 4 * nq
     a = s0 + ns
     -- apply: 2 all of it, 1 its debits only, 0 nothing.
     local apply = 2
-    -- Without a record to consult (a charge, a spend) the marker alone
-    -- decides: set as it is looked at, one call.
-    if replay and rec == 0 then
+    if charge then
+      -- The batch's marker, set by its first charge (SET NX GET answers
+      -- false when it set it), decides for all of its charges.
+      once = once or {}
+      local first = once[mk]
+      if first == nil then
+        first = not redis.call('SET', KEYS[mk], '1', 'PX', mttl, 'NX', 'GET')
+        once[mk] = first
+      end
+      if not first then apply = 0 end
+    elseif replay and rec == 0 then
+      -- Without a record to consult (a spend) the marker alone decides:
+      -- set as it is looked at, one call.
       if not redis.call('SET', KEYS[mk], '1', 'PX', mttl, 'NX') then apply = 0 end
     elseif replay and redis.call('EXISTS', KEYS[mk]) == 1 then
       apply = 0
+    end
+    if prior and apply > 0 then
+      local ran = redis.call('SET', KEYS[pk], '0', 'PX', pttl, 'NX', 'GET')
+      if ran == '1' then apply = 0 elseif ran or fresh then maybe = false end
     end
     if rec > 0 and apply > 0 then
       local h, exp = 8 * p[b0] - 7, nil

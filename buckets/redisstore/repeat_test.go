@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net"
+	"os"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -446,5 +450,207 @@ func TestReplayAfterTheRecordExpiredChargesTheUsage(t *testing.T) {
 			}
 			check("replays that may have applied", 680, 320)
 		})
+	}
+}
+
+// TestChargeRetriedAfterTimeoutAppliesOnce: charges sent while Redis is
+// busy for longer than the client's read timeout — one waited for, three
+// queued together, which share a call and its marker — are sent again by
+// the store after their replies are lost, and both copies run: each
+// applies once, on every group of a chain split over slots.
+func TestChargeRetriedAfterTimeoutAppliesOnce(t *testing.T) {
+	for _, f := range deployments(t) {
+		t.Run(f.name, func(t *testing.T) {
+			st := open(t, f, "charge:")
+			ctx := context.Background()
+			b := buckets.Bucket{Name: "user", Key: "u", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9}}
+			q := buckets.Quota{Name: "daily", Key: slotApart("u"), Window: day(t), Limit: 1000}
+			charge := func(id string) *buckets.Reservation {
+				return &buckets.Reservation{ID: id, Buckets: []buckets.Bucket{b}, Quotas: []buckets.Quota{q}}
+			}
+			f.busy(t, pause)
+			errs := make(chan error, 3)
+			for i, n := range []float64{10, 20, 30} {
+				st.ChargeAsync(charge("queued"+strconv.Itoa(i)), n, func(_ []buckets.BucketState, err error) { errs <- err })
+			}
+			if _, err := st.Charge(ctx, charge("waited"), 40); err != nil {
+				t.Fatalf("Charge during a %v stall: %v", pause, err)
+			}
+			for range 3 {
+				if err := <-errs; err != nil {
+					t.Fatalf("ChargeAsync during a %v stall: %v", pause, err)
+				}
+			}
+			if l, s := levels(t, st, b, q); !near(l, 900) || !near(s, 100) {
+				t.Errorf("after charges of 10, 20, 30 and 40: bucket %v, quota %v; want 900 and 100", l, s)
+			}
+		})
+	}
+}
+
+// holder is a gateway's client that loses the replies of the batch calls
+// it holds: while held is set, such a call is not sent, and fails as a
+// call whose reply timed out does; its arguments are kept, so that the
+// test can deliver the copy late, as a copy waiting in a dead connection
+// runs when Redis reads it.
+type holder struct {
+	redisstore.Scripter
+	mu    sync.Mutex
+	held  bool
+	calls [][]any
+}
+
+func (h *holder) Process(ctx context.Context, cmd redis.Cmder) error {
+	h.mu.Lock()
+	hold := h.held && len(cmd.Args()) > 0 && cmd.Args()[0] == "evalsha"
+	if hold {
+		h.calls = append(h.calls, append([]any(nil), cmd.Args()...))
+	}
+	h.mu.Unlock()
+	if hold {
+		err := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+		cmd.SetErr(err)
+		return err
+	}
+	return h.Scripter.Process(ctx, cmd)
+}
+
+// deliver runs the held call now, once.
+func (h *holder) deliver(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	calls := h.calls
+	h.mu.Unlock()
+	if len(calls) == 0 {
+		t.Fatal("no call was held")
+	}
+	for _, c := range calls[1:] {
+		if !slices.Equal(c, calls[0]) {
+			t.Fatalf("the held calls differ: %v and %v; want copies of one", calls[0], c)
+		}
+	}
+	cmd := redis.NewCmd(context.Background(), calls[0]...)
+	if err := h.Scripter.Process(context.Background(), cmd); err != nil {
+		t.Fatalf("the late copy: %v", err)
+	}
+}
+
+// TestLostChargeIsReplayedOnce: two charges whose shared call goes
+// unanswered (every copy's reply lost) fail with an IncompleteError that
+// names the call. Replaying each (as the failover store does once Redis
+// answers) applies it once, whether the lost call ran before the replays,
+// between them (its copy arrives late: it finds the first replay's mark
+// and applies neither charge, and the second replay applies its own), or
+// never. A refund replayed within half the repeat window applies, as the
+// call surely did not run; replayed later, when the call's marker may
+// have expired, it does not (never less than what was used).
+func TestLostChargeIsReplayedOnce(t *testing.T) {
+	for _, f := range deployments(t) {
+		for _, late := range []string{"before", "between", "never"} {
+			t.Run(f.name+"/"+late, func(t *testing.T) {
+				h := &holder{Scripter: f.client()}
+				t.Cleanup(func() { h.Scripter.(interface{ Close() error }).Close() })
+				clock := time.Now()
+				var mu sync.Mutex
+				st := redisstore.New(h, redisstore.Options{Prefix: "lostcharge:" + late + ":", SettleWindow: 50 * time.Millisecond,
+					Cluster: f.name == "cluster", Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }})
+				ctx := context.Background()
+				b := buckets.Bucket{Name: "user", Key: "u", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9}}
+				if _, err := st.Charge(ctx, &buckets.Reservation{ID: "warm", Buckets: []buckets.Bucket{b}}, 0); err != nil {
+					t.Fatal(err)
+				}
+				h.mu.Lock()
+				h.held = true
+				h.mu.Unlock()
+				type result struct {
+					i   int
+					err error
+				}
+				done := make(chan result, 2)
+				for i, n := range []float64{100, 200} {
+					r := &buckets.Reservation{ID: "hit" + strconv.Itoa(i), Buckets: []buckets.Bucket{b}}
+					st.ChargeAsync(r, n, func(_ []buckets.BucketState, err error) { done <- result{i, err} })
+				}
+				rests := make([]*buckets.IncompleteError, 2)
+				for range 2 {
+					res := <-done
+					var inc *buckets.IncompleteError
+					if !errors.As(res.err, &inc) || !inc.Sent || len(inc.Rest.Unanswered) != 1 {
+						t.Fatalf("a charge whose reply was lost: %v; want an IncompleteError, sent, naming its call", res.err)
+					}
+					rests[res.i] = inc
+				}
+				if inc := rests[0]; inc.Rest.Unanswered[0] != rests[1].Rest.Unanswered[0] {
+					t.Fatalf("charges queued together name calls %q and %q; want one", inc.Rest.Unanswered, rests[1].Rest.Unanswered)
+				}
+				h.mu.Lock()
+				h.held = false
+				h.mu.Unlock()
+				replay := func(i int, actual float64) {
+					t.Helper()
+					if _, err := st.Replay(ctx, rests[i].Rest, actual, true); err != nil {
+						t.Fatal(err)
+					}
+				}
+				level := func() float64 {
+					t.Helper()
+					bs, _, err := st.Inspect(ctx, []buckets.Bucket{b}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return bs[0].Remaining
+				}
+				if late == "before" {
+					h.deliver(t)
+				}
+				replay(0, 100)
+				replay(0, 100) // a replay sent again
+				if late == "between" {
+					h.deliver(t)
+				}
+				replay(1, 200)
+				if l := level(); !near(l, 700) {
+					t.Fatalf("after charges of 100 and 200, the lost call delivered %s the replays: level %v, want 700", late, l)
+				}
+				h.deliver(t) // a copy later still
+				if l := level(); !near(l, 700) {
+					t.Fatalf("after a copy of the lost call arrived last: level %v, want 700", l)
+				}
+
+				// A refund of 50 in a call that never reaches Redis:
+				// replayed at once it applies; a second one, replayed past
+				// half the repeat window, does not.
+				h.mu.Lock()
+				h.held, h.calls = true, nil
+				h.mu.Unlock()
+				var refunds []*buckets.IncompleteError
+				for i := range 2 {
+					_, err := st.Charge(ctx, &buckets.Reservation{ID: "refund" + strconv.Itoa(i), Cost: 50, Buckets: []buckets.Bucket{b}}, 0)
+					var inc *buckets.IncompleteError
+					if !errors.As(err, &inc) {
+						t.Fatalf("a refund whose reply was lost: %v; want an IncompleteError", err)
+					}
+					refunds = append(refunds, inc)
+				}
+				h.mu.Lock()
+				h.held = false
+				h.mu.Unlock()
+				if _, err := st.Replay(ctx, refunds[0].Rest, 0, true); err != nil {
+					t.Fatal(err)
+				}
+				if l := level(); !near(l, 750) {
+					t.Errorf("a refund of 50 replayed at once: level %v, want 750", l)
+				}
+				mu.Lock()
+				clock = clock.Add(buckets.RepeatWindow/2 + time.Second)
+				mu.Unlock()
+				if _, err := st.Replay(ctx, refunds[1].Rest, 0, true); err != nil {
+					t.Fatal(err)
+				}
+				if l := level(); !near(l, 750) {
+					t.Errorf("a refund of 50 replayed past half the repeat window: level %v, want 750 (not refunded)", l)
+				}
+			})
+		}
 	}
 }

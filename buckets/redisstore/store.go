@@ -26,7 +26,9 @@
 // too), so neither a client nor a configuration can make a key of unbounded
 // size. Every key has a TTL: an idle bucket expires once it would have
 // refilled to full, which is the state a missing key stands for, and once
-// its records have expired. Only faults leave more, for a while: see
+// its records have expired. A call that carries charges (Charge, which
+// reserves nothing) leaves one marker for all of them, <prefix>p:{T}:<call>,
+// for buckets.RepeatWindow. Only faults leave more, for a while: see
 // batchLua for tombstones and markers.
 //
 // # Group commit
@@ -56,7 +58,10 @@
 // the reservation's record, a tombstone, or a marker. A reserve whose
 // reply is lost for good fails with a *buckets.IncompleteError, to be
 // cancelled (Cancel) once Redis answers; a settlement kept during an
-// outage is replayed with Replay, also after its record has expired.
+// outage is replayed with Replay, also after its record has expired; a
+// charge whose call went unanswered is replayed with Replay of the
+// error's Rest, which names that call (Reservation.Unanswered) and asks
+// its marker whether it ran.
 //
 // # Redis Cluster
 //
@@ -857,10 +862,12 @@ const (
 	replaySent
 	// settleCancel: at zero usage, through the record, and a tombstone.
 	settleCancel
-	// chargeOnce: as replayUnsent, with a marker kept for
-	// buckets.RepeatWindow only: a Charge, sent again by the store itself
-	// within its timeout, or replayed by the failover store (within the
-	// repeat window exactly once; after it, the ambiguous case).
+	// chargeOnce: without a record, once by the marker of the call that
+	// carries it, one per batch, kept buckets.RepeatWindow: a Charge, sent
+	// again by the store itself within its timeout. One whose reply was
+	// lost is replayed (replaySent) with the names of those markers
+	// (Reservation.Unanswered): within the repeat window exactly once;
+	// after it, the ambiguous case.
 	chargeOnce
 )
 
@@ -904,15 +911,43 @@ func (s *Store) settleOps(r *buckets.Reservation, actual float64, mode settleMod
 		case replayUnsent, replaySent:
 			o.marker, o.maybe = s.prefix+"p:{"+g.tag+"}:"+o.id, mode == replaySent
 			o.markTTL = markTTL(g, r.Windows, now)
+			o.prior, o.fresh = s.unanswered(r.Unanswered, g, now)
 		case chargeOnce:
 			// A charge's ID was never reserved: there is no record to
-			// look for, and the marker alone makes it apply once.
-			o.marker, o.markTTL = s.prefix+"p:{"+g.tag+"}:"+o.id, float64(buckets.RepeatWindow.Milliseconds())
+			// look for, and its call's marker makes it apply once.
+			o.charge, o.markTTL = true, float64(repeatMS)
 			o.record, o.tomb = "", false
 		}
 		ops[k] = o
 	}
 	return ops, obs, nil
+}
+
+// unansweredCall is the note in Reservation.Unanswered of a call whose
+// reply was lost, its charges' marker mark, sent about at: the time in
+// Unix milliseconds, a space, the marker key.
+func unansweredCall(mark string, at time.Time) string {
+	return strconv.FormatInt(at.UnixMilli(), 10) + " " + mark
+}
+
+// unanswered returns, of the calls notes names (see unansweredCall), the
+// marker of the one that carried group g's charge — the one in g's hash
+// slot (the only one in standalone mode) — and whether it was sent within
+// half the repeat window before now; "" when there is none.
+func (s *Store) unanswered(notes []string, g group, now time.Time) (string, bool) {
+	for _, n := range notes {
+		ms, mark, ok := strings.Cut(n, " ")
+		at, err := strconv.ParseInt(ms, 10, 64)
+		if !ok || err != nil || !strings.HasPrefix(mark, s.prefix+"p:{") {
+			continue
+		}
+		tag, _, ok := strings.Cut(mark[len(s.prefix)+3:], "}")
+		if !ok || s.cluster && hashSlot(tag) != hashSlot(g.tag) {
+			continue
+		}
+		return mark, now.Sub(time.UnixMilli(at)) < buckets.RepeatWindow/2
+	}
+	return "", false
 }
 
 // markTTL is how long the marker of a replay of group g is kept, in
@@ -943,7 +978,14 @@ func (s *Store) settled(r *buckets.Reservation, ops []op, obs []buckets.Observat
 	if first != nil {
 		// Groups that did settle lost their record: settling the rest
 		// completes it without settling them twice.
-		return nil, &buckets.IncompleteError{Rest: s.part(r, failed), Sent: sent, Err: fmt.Errorf("redisstore: %s: %w", what, first)}
+		rest := s.part(r, failed)
+		rest.Unanswered = slices.Clone(r.Unanswered)
+		for k := range ops {
+			if o := &ops[k]; o.charge && o.err != nil && !unsent(o.err) {
+				rest.Unanswered = append(rest.Unanswered, unansweredCall(o.marker, s.now()))
+			}
+		}
+		return nil, &buckets.IncompleteError{Rest: rest, Sent: sent, Err: fmt.Errorf("redisstore: %s: %w", what, first)}
 	}
 	s.unsure.Delete(r.ID)
 	states := make([]buckets.BucketState, len(r.Buckets))
