@@ -346,3 +346,40 @@ func TestLoadPendingGivesQuotasOfMoneyTheCurrency(t *testing.T) {
 		t.Errorf("after the replay the quota in USD has spent %v, want 1000 + the outage's 400", qs[0].Spent)
 	}
 }
+
+// TestLostChargeReplayedOnce: a rate-limit service's charges (one waited
+// for, one queued) while Redis is busy for longer than the store's
+// timeout: every copy of their call loses its reply, and the failover
+// store keeps both for replay. Redis then wakes and runs the copies that
+// waited in its connections; the replays, once Redis answers, find the
+// call's marker and apply nothing more: each charge counts once.
+func TestLostChargeReplayedOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	gw := newGateway(t, srv.Addr, redisstore.Options{Timeout: 600 * time.Millisecond}, failover.Options{Mode: failover.Closed})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "user", Key: "u", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9}}
+	q := buckets.Quota{Name: "daily", Key: "team", Window: dayWindow(t), Limit: 1000}
+	charge := func(id string) *buckets.Reservation {
+		return &buckets.Reservation{ID: id, Buckets: []buckets.Bucket{b}, Quotas: []buckets.Quota{q}}
+	}
+	if _, err := gw.fo.Charge(ctx, charge("warm"), 0); err != nil { // connected, the script loaded
+		t.Fatal(err)
+	}
+	redistest.Sleep(t, srv.Addr, 1500*time.Millisecond)
+	queued := make(chan error, 1)
+	gw.fo.ChargeAsync(charge("queued"), 30, func(_ []buckets.BucketState, err error) { queued <- err })
+	if _, err := gw.fo.Charge(ctx, charge("waited"), 70); !errors.Is(err, buckets.ErrStore) {
+		t.Fatalf("Charge while Redis is busy past the store's timeout = %v, want ErrStore (kept for replay)", err)
+	}
+	if err := <-queued; !errors.Is(err, buckets.ErrStore) {
+		t.Fatalf("ChargeAsync while Redis is busy past the store's timeout = %v, want ErrStore (kept for replay)", err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if left := gw.fo.Drain(dctx); left != 0 {
+		t.Fatalf("%d writes not replayed", left)
+	}
+	if l, s := spentIn(t, gw.rs, b, q); !near(l, 900) || !near(s, 100) {
+		t.Errorf("after charges of 30 and 70 lost and replayed: bucket %v, quota %v; want 900 and 100", l, s)
+	}
+}
