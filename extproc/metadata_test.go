@@ -52,3 +52,32 @@ func TestMetadataOnlyWhenTheCountsChange(t *testing.T) {
 		t.Errorf("metadata Envoy ends up with (-want +got):\n%s", d)
 	}
 }
+
+// TestMetadataOfANonStreamedAnswer: a non-streamed answer is not counted
+// live; its last answer's metadata carries the output the provider
+// reported, beside the settled tokens it makes up.
+func TestMetadataOfANonStreamedAnswer(t *testing.T) {
+	s, outcomes := requestServer(t, 1e6, &fakeCounter{input: 10, allowance: 100}, 1<<20)
+	body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`)
+	msgs := exchange(buffered, body, 0, true, false)
+	msgs = append(msgs, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HttpHeaders{Headers: headersOf(":status", "200", "content-type", "application/json")}}},
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+			Body: []byte(`{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there"},"finish_reason":"stop"}],` +
+				`"usage":{"prompt_tokens":10,"completion_tokens":7,"total_tokens":17}}`),
+			EndOfStream: true}}})
+	merged := map[string]any{}
+	for _, as := range drive(t, s, msgs) {
+		for _, a := range as {
+			for k, v := range a.GetDynamicMetadata().GetFields()["tokengate"].GetStructValue().AsMap() {
+				merged[k] = v
+			}
+		}
+	}
+	o := <-outcomes
+	want := map[string]any{"decision": "admitted", "input_tokens": 10.0, "output_tokens": 7.0,
+		"reserved_tokens": float64(o.Reserved), "settled_tokens": 17.0}
+	if d := cmp.Diff(want, merged); d != "" {
+		t.Errorf("metadata Envoy ends up with (-want +got):\n%s", d)
+	}
+}

@@ -512,7 +512,11 @@ func (p *processor) metadata(final bool) *structpb.Struct {
 	counts := metadataCounts{input: p.req.count.InputTokens, output: p.st.output.Load(), reserved: p.reservedTokens(),
 		decision: p.req.decision, final: final, sent: true}
 	if final {
-		counts.settled = p.settlement().actual
+		// The last answer: what the settlement charges, and the output
+		// the provider reported when it is more than was counted live (a
+		// non-streamed answer is counted only from its usage).
+		c := p.settlement()
+		counts.settled, counts.output = c.actual, max(counts.output, int64(c.usage.OutputTokens))
 	}
 	if p.sentCounts == counts {
 		return nil
