@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -373,12 +375,16 @@ func (s *Store) batchArgs(batch []*op) ([]string, []any) {
 	}
 	nqk := len(k.keys) - nbk
 	// The charges of the batch apply once by one marker, named here: a
-	// copy of the call carries the same.
+	// copy of the call carries the same. Its name is short, as every call
+	// of charges leaves one for the repeat window: the batch's hash slot
+	// by the shortest tag of it, and 128 random bits.
 	var mark string
 	for _, o := range batch {
 		if o.charge {
 			if mark == "" {
-				mark = s.prefix + "p:{" + o.g.tag + "}:" + newID()
+				var id [16]byte
+				rand.Read(id[:])
+				mark = s.prefix + "p:{" + slotTag(hashSlot(o.g.tag)) + "}:" + base64.RawURLEncoding.EncodeToString(id[:])
 			}
 			o.marker = mark
 		}

@@ -27,8 +27,8 @@
 // size. Every key has a TTL: an idle bucket expires once it would have
 // refilled to full, which is the state a missing key stands for, and once
 // its records have expired. A call that carries charges (Charge, which
-// reserves nothing) leaves one marker for all of them, <prefix>p:{T}:<call>,
-// for buckets.RepeatWindow. Only faults leave more, for a while: see
+// reserves nothing) leaves one marker for all of them, <prefix>p:{S}:<call>
+// (S the shortest tag of the call's hash slot), for buckets.RepeatWindow. Only faults leave more, for a while: see
 // batchLua for tombstones and markers.
 //
 // # Group commit
