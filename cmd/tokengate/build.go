@@ -490,12 +490,18 @@ func buildStore(ctx context.Context, cfg *config.Config, logger *slog.Logger, no
 		client := redis.NewUniversalClient(opts)
 		pctx, cancel := context.WithTimeout(ctx, rc.DialTimeout+rc.Timeout)
 		defer cancel()
+		st := redisstore.New(client, redisstore.Options{Prefix: rc.KeyPrefix, Cluster: rc.Cluster, SettleWindow: rc.SettleWindow})
 		if err := client.Ping(pctx).Err(); err != nil {
 			// Not fatal: the failure mode (S21) decides what requests see
 			// until Redis answers.
 			logger.Warn("redis not reachable at start-up", "addrs", opts.Addrs, "master", opts.MasterName, "err", err)
+		} else if err := st.CheckServer(pctx); errors.Is(err, redisstore.ErrServerTooOld) {
+			client.Close()
+			return nil, nil, fmt.Errorf("store.redis: %w", err)
+		} else if err != nil {
+			logger.Warn("redis did not say its version", "err", err)
 		}
-		return redisstore.New(client, redisstore.Options{Prefix: rc.KeyPrefix, Cluster: rc.Cluster, SettleWindow: rc.SettleWindow}), client.Close, nil
+		return st, client.Close, nil
 	}
 	return nil, nil, fmt.Errorf("store.type: unknown store %q", cfg.Store.Type)
 }
