@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +20,9 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/redistest"
 )
 
 // TestServeAnswersRateLimitCalls runs the binary on examples/rls/tokengate.yaml
@@ -251,4 +256,71 @@ rls:
 		t.Errorf("headers (-want +got):\n%s\nstatus %v", d, resp.GetStatuses()[0])
 	}
 	p.stop(t)
+}
+
+// TestServeReplaysAChargeLostInARedisStall runs the gateway as the command
+// wires it (the Redis store behind the failover store) and sends a
+// rate-limit call while Redis is busy for longer than the store's every
+// attempt: the call fails as ratelimit without its store does, its
+// charge is kept, Redis wakes and runs the copies that waited in its
+// connections, and the replay, once Redis answers, applies nothing more.
+// The 100 hits count once.
+func TestServeReplaysAChargeLostInARedisStall(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg, err := config.Parse("stall.yaml", []byte(`
+store:
+  type: redis
+  redis: {addrs: [`+srv.Addr+`], timeout: 250ms}
+policies:
+  - name: p
+    identities: [{name: user, header: x-user-id}]
+    buckets: [{name: user, per: user, tokens_per_minute: 1, burst: 1000, max_debt: 1000}]
+rls:
+  domains:
+    - domain: d
+      descriptors:
+        - {key: user, identity: user, policy: p}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := serveInProcess(t, cfg, slog.New(slog.DiscardHandler))
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	rl := rlsv3.NewRateLimitServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := func(user string, hits uint64) (*rlsv3.RateLimitResponse, error) {
+		return rl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries:    []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
+			HitsAddend: wrapperspb.UInt64(hits),
+		}}})
+	}
+	if _, err := call("warm", 1); err != nil { // connected, the scripts loaded
+		t.Fatal(err)
+	}
+	redistest.Sleep(t, srv.Addr, 1500*time.Millisecond)
+	if resp, err := call("lee", 100); err == nil {
+		t.Fatalf("a charge while Redis is busy past the store's timeout: %v; want the store's error", resp)
+	}
+	poll(t, func() error {
+		m, err := getBody(p.admin + "/metrics")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(m, "\ntokengate_store_replay_pending 0\n") || !strings.Contains(m, `tokengate_store_seconds_count{op="replay"}`) {
+			return fmt.Errorf("the charge not replayed yet:\n%s", grepLines(m, "tokengate_store_replay_pending|op=\"replay\""))
+		}
+		return nil
+	})
+	resp, err := call("lee", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := resp.GetStatuses()[0].GetLimitRemaining(); left != 900 {
+		t.Errorf("after 100 hits lost in a stall and replayed: %d remaining, want 900 (charged once)", left)
+	}
 }
