@@ -28,8 +28,9 @@
 // refilled to full, which is the state a missing key stands for, and once
 // its records have expired. A call that carries charges (Charge, which
 // reserves nothing) leaves one marker for all of them, <prefix>p:{S}:<call>
-// (S the shortest tag of the call's hash slot), for buckets.RepeatWindow. Only faults leave more, for a while: see
-// batchLua for tombstones and markers.
+// (S the shortest tag of the call's hash slot), for buckets.RepeatWindow.
+// Only faults leave more, for a while: see batchLua for tombstones and
+// markers.
 //
 // # Group commit
 //
@@ -924,8 +925,9 @@ func (s *Store) settleOps(r *buckets.Reservation, actual float64, mode settleMod
 }
 
 // unansweredCall is the note in Reservation.Unanswered of a call whose
-// reply was lost, its charges' marker mark, sent about at: the time in
-// Unix milliseconds, a space, the marker key.
+// reply was lost, its charges' marker mark, given up at at (a moment
+// after it was sent): the time in Unix milliseconds, a space, the marker
+// key.
 func unansweredCall(mark string, at time.Time) string {
 	return strconv.FormatInt(at.UnixMilli(), 10) + " " + mark
 }
