@@ -273,10 +273,14 @@ func (r *Ratelimit) named(name string, observer bool) series {
 // ipv4 is ratelimit's pattern of an IPv4 address in a stats name.
 var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
 
+// statNameReplacer is built once: a Replacer builds its tables on first
+// use.
+var statNameReplacer = strings.NewReplacer(":", "_", "|", "_")
+
 // SanitizeStatName is a stats key as ratelimit puts it in a statsd name:
 // ':' and '|' become '_', and so do the dots of IPv4 addresses.
 func SanitizeStatName(key string) string {
-	key = strings.NewReplacer(":", "_", "|", "_").Replace(key)
+	key = statNameReplacer.Replace(key)
 	return ipv4.ReplaceAllStringFunc(key, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
 }
 

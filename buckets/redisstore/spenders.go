@@ -187,5 +187,5 @@ func unescape(k string) string {
 	if !strings.Contains(k, "%") {
 		return k
 	}
-	return strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}").Replace(k)
+	return unescaper.Replace(k)
 }

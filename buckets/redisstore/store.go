@@ -470,8 +470,15 @@ func escape(k string) string {
 	if !strings.ContainsAny(k, "{}%") {
 		return k
 	}
-	return strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D").Replace(k)
+	return escaper.Replace(k)
 }
+
+// escaper and unescaper are built once: a Replacer builds its tables on
+// first use, tens of kilobytes.
+var (
+	escaper   = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+	unescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")
+)
 
 // Bounds on what enters a key from outside (see the package
 // documentation): longer key parts and IDs are hashed.
