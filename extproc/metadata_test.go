@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"slices"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -12,7 +13,9 @@ import (
 // when they changed since the last answer that carried them: the response
 // headers answer of a request whose counts stand where its decision left
 // them carries none, the stream's chunks carry them as the output grows,
-// and its end the settled counts. What Envoy ends up with is the same.
+// and its end the settled counts. The first answer with metadata carries
+// every count, a later one only the counts that changed. What Envoy ends
+// up with is every count.
 func TestMetadataOnlyWhenTheCountsChange(t *testing.T) {
 	s, outcomes := requestServer(t, 1e6, &fakeCounter{input: 10, allowance: 100}, 1<<20)
 	body := []byte(`{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
@@ -35,6 +38,12 @@ func TestMetadataOnlyWhenTheCountsChange(t *testing.T) {
 	if !carries(last) {
 		t.Fatal("the stream's last answer carries no metadata")
 	}
+	if got, want := fieldNames(answers[1][0]), []string{"decision", "input_tokens", "output_tokens", "reserved_tokens"}; !cmp.Equal(got, want) {
+		t.Errorf("the decision's answer carries %v, want %v", got, want)
+	}
+	if got, want := fieldNames(answers[last][0]), []string{"output_tokens", "settled_tokens"}; !cmp.Equal(got, want) {
+		t.Errorf("the last answer carries %v, want only what changed: %v", got, want)
+	}
 	// What Envoy has at the end: every answer's metadata merged, field by
 	// field, in the order of the answers.
 	merged := map[string]any{}
@@ -51,6 +60,17 @@ func TestMetadataOnlyWhenTheCountsChange(t *testing.T) {
 	if d := cmp.Diff(want, merged); d != "" {
 		t.Errorf("metadata Envoy ends up with (-want +got):\n%s", d)
 	}
+}
+
+// fieldNames are the names of the tokengate metadata fields answer a
+// carries, sorted.
+func fieldNames(a *extprocv3.ProcessingResponse) []string {
+	var names []string
+	for k := range a.GetDynamicMetadata().GetFields()["tokengate"].GetStructValue().GetFields() {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // TestMetadataOfANonStreamedAnswer: a non-streamed answer is not counted

@@ -504,10 +504,12 @@ func (p *processor) immediate(r reply, send sendFunc) error {
 	return send(r.proto(p.api(), p.s.cfg.Now(), p.metadata(false)))
 }
 
-// metadata is the dynamic metadata of the running counts (S24), or nil
-// when an earlier answer of the stream carried the same: Envoy merges the
-// metadata of every answer, so sending it again changes nothing there
-// (and costs marshalling a map on both sides).
+// metadata is the dynamic metadata of the running counts (S24): the
+// fields that changed since the stream's last answer with metadata, all
+// of them in the first, or nil when none changed. Envoy merges the
+// metadata of every answer into the namespace, later keys over earlier
+// ones, so what it holds is always every count; a field sent again would
+// change nothing there and cost decoding on both sides.
 func (p *processor) metadata(final bool) *structpb.Struct {
 	counts := metadataCounts{input: p.req.count.InputTokens, output: p.st.output.Load(), reserved: p.reservedTokens(),
 		decision: p.req.decision, final: final, sent: true}
@@ -518,18 +520,29 @@ func (p *processor) metadata(final bool) *structpb.Struct {
 		c := p.settlement()
 		counts.settled, counts.output = c.actual, max(counts.output, int64(c.usage.OutputTokens))
 	}
-	if p.sentCounts == counts {
+	last := p.sentCounts
+	if last == counts {
 		return nil
 	}
 	p.sentCounts = counts
-	fields := map[string]*structpb.Value{
-		"input_tokens":    structpb.NewNumberValue(float64(counts.input)),
-		"output_tokens":   structpb.NewNumberValue(float64(counts.output)),
-		"reserved_tokens": structpb.NewNumberValue(float64(counts.reserved)),
-		"decision":        structpb.NewStringValue(counts.decision),
+	fields := make(map[string]*structpb.Value, 5)
+	if !last.sent || last.input != counts.input {
+		fields["input_tokens"] = structpb.NewNumberValue(float64(counts.input))
 	}
-	if final {
+	if !last.sent || last.output != counts.output {
+		fields["output_tokens"] = structpb.NewNumberValue(float64(counts.output))
+	}
+	if !last.sent || last.reserved != counts.reserved {
+		fields["reserved_tokens"] = structpb.NewNumberValue(float64(counts.reserved))
+	}
+	if !last.sent || last.decision != counts.decision {
+		fields["decision"] = structpb.NewStringValue(counts.decision)
+	}
+	if final && (!last.final || last.settled != counts.settled) {
 		fields["settled_tokens"] = structpb.NewNumberValue(float64(counts.settled))
+	}
+	if len(fields) == 0 {
+		return nil // only final changed, and settled was sent as it is
 	}
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
 		p.s.cfg.Namespace: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
