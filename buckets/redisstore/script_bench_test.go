@@ -369,3 +369,84 @@ func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
 	}
 	return us
 }
+
+// minimalChargeLua is the least a once-only charge can make Redis do in a
+// script: set the call's marker, read the bucket, write it back with a
+// TTL, and reply with its level. No refill, no floor, no other kind of
+// operation: a comparator for BenchmarkChargeFloor, not a store script.
+const minimalChargeLua = `
+if redis.call('SET', KEYS[2], '1', 'PX', '60000', 'NX', 'GET') then return '' end
+local v = redis.call('GET', KEYS[1])
+local l, t = 0, 0
+if v then l, t = struct.unpack('<dd', v) end
+redis.call('SET', KEYS[1], struct.pack('<dd', l - ARGV[1], t), 'PX', '60000')
+return struct.pack('<dd', l, t)
+`
+
+// BenchmarkChargeFloor measures, in Redis's own CPU counters, what one
+// charge costs Redis when it sleeps between calls, as behind a gateway at
+// one caller (a millisecond apart): the store's charge (the batch
+// script), the minimal once-only charge script above, and
+// envoyproxy/ratelimit's hit (INCRBY and EXPIRE in one pipeline), in
+// alternating rounds. Redis's wake-up from its sleep costs most of every
+// call, whatever the call: the minimal script's ratio to the pipeline is
+// the floor any script-made, once-only charge has at one caller.
+func BenchmarkChargeFloor(b *testing.B) {
+	srv := redistest.Start(b)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 1})
+	defer c.Close()
+	st := New(c, Options{Prefix: "floor:"})
+	lim := buckets.Limit{Capacity: 1e12, Rate: 1e9}
+	minimal := redis.NewScript(minimalChargeLua)
+	kinds := []struct {
+		name string
+		hit  func(i int) error
+	}{
+		{"store", func(i int) error {
+			r := &buckets.Reservation{ID: "s" + strconv.Itoa(i), Buckets: []buckets.Bucket{{Name: "user", Key: "u" + strconv.Itoa(i%1000), Limit: lim}}}
+			_, err := st.Charge(ctx, r, 500)
+			return err
+		}},
+		{"minimal", func(i int) error {
+			k := "{m" + strconv.Itoa(i%1000) + "}"
+			return minimal.Run(ctx, c, []string{k, k + ":" + strconv.Itoa(i)}, 500).Err()
+		}},
+		{"pipeline", func(i int) error {
+			k := "p" + strconv.Itoa(i%1000)
+			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				p.IncrBy(ctx, k, 500)
+				p.Expire(ctx, k, time.Minute)
+				return nil
+			})
+			return err
+		}},
+	}
+	const rounds = 3
+	n := max(b.N, 50)
+	cpu := make([]float64, len(kinds))
+	b.ResetTimer()
+	for r := range rounds {
+		for k, kind := range kinds {
+			for i := range 100 { // the keys exist, as at a steady state
+				if err := kind.hit(-1 - i - r*100); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cpu0 := redisCPU(b, c)
+			for i := range n {
+				if err := kind.hit(r*n + i); err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			cpu[k] += (redisCPU(b, c) - cpu0) / float64(n*rounds)
+		}
+	}
+	b.StopTimer()
+	for k, kind := range kinds {
+		b.ReportMetric(cpu[k], kind.name+"-cpu-µs/call")
+	}
+	b.ReportMetric(cpu[0]/cpu[2], "store-vs-pipeline")
+	b.ReportMetric(cpu[1]/cpu[2], "minimal-vs-pipeline")
+}
