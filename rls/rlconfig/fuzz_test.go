@@ -20,6 +20,9 @@ func FuzzParse(f *testing.F) {
 		}
 		f.Add(data)
 	}
+	// Keys that are lists or mappings, and merges of lists.
+	f.Add([]byte("domain: d\ndescriptors:\n  - {key: k, metadata: {[a]: {{b: 1}: 2}}}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - &a {key: k, rate_limit: {unit: hour}}\n  - <<: [*a, {value: v}]\n    rate_limit: {requests_per_unit: 1}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		file, err := Parse("fuzz.yaml", data)
 		if err != nil {

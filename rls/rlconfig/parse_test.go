@@ -220,3 +220,116 @@ func TestRatelimitEmptyFileHasNoDomain(t *testing.T) {
 func limitOf(c *Config, domain, key, value string) (*Rule, bool) {
 	return c.Limit(domain, desc(key, value))
 }
+
+// parseNoPanic is Parse, a panic turned into a test failure.
+func parseNoPanic(t *testing.T, data string) (f *File, err error) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("Parse panicked on %q: %v (ratelimit's yaml.v2 refuses it: \"invalid map key\")", data, r)
+		}
+	}()
+	return Parse("f.yaml", []byte(data))
+}
+
+// TestRatelimitCollectionKeyRefusedNotAPanic: a mapping or a list used as
+// a key inside metadata (or inside a key) is refused by ratelimit's
+// yaml.v2 ("yaml: invalid map key: ..."), a config error, and Parse
+// refuses it without panicking: config.Load reads ratelimit.files with it
+// at start and on every reload, and a reload with a bad file keeps the
+// configuration in force (docs/rls.md "Reading ratelimit's files as they
+// are").
+func TestRatelimitCollectionKeyRefusedNotAPanic(t *testing.T) {
+	for _, data := range []string{
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata: {{a: 1}: 2}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata: {[a]: 2}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata: {x: {[b]: 1}}\n",
+		"domain: d\ndescriptors:\n  - {key: k, {{a: 1}: 1}: 2}\n",
+	} {
+		t.Run("", func(t *testing.T) {
+			if _, err := parseNoPanic(t, data); err == nil {
+				t.Errorf("Parse accepted %q; ratelimit refuses it (invalid map key)", data)
+			}
+		})
+	}
+}
+
+// TestRatelimitMergeOfAListEarlierWins: in a merge of a sequence of
+// mappings (<<: [*a, *b]) the earlier mapping's keys win, by the YAML
+// merge-key spec and by yaml.v2, which ratelimit decodes with (decode.go
+// merge: "Step backwards as earlier nodes take precedence"). docs/rls.md
+// says Parse reads "`<<` merges" as yaml.v2 does.
+func TestRatelimitMergeOfAListEarlierWins(t *testing.T) {
+	const data = `domain: d
+descriptors:
+  - &strict {key: tier, value: free, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - &loose {key: tier, value: paid, rate_limit: {unit: minute, requests_per_unit: 1000}}
+  - <<: [*strict, *loose]
+    value: trial
+`
+	f, err := parseNoPanic(t, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := f.Descriptors[2]
+	if d.Value != "trial" || d.RateLimit == nil || d.RateLimit.RequestsPerUnit != 10 {
+		t.Errorf("tier=trial merged from [*strict, *loose]: %+v %+v, want 10 per minute (the earlier mapping wins, as in yaml.v2)", d, d.RateLimit)
+	}
+}
+
+// TestRatelimitRepeatedRateLimitDecodedOverTheEarlier: yaml.v2 decodes a second
+// rate_limit mapping of a descriptor (a merged one overridden, or a key
+// written twice) into the *YamlRateLimit the first one made, so the
+// fields it leaves out keep their values: ratelimit loads
+// `<<: *base` + `rate_limit: {requests_per_unit: 100}` as 100 per minute.
+// Parse decodes it so too: a file ratelimit loads, Load loads.
+func TestRatelimitRepeatedRateLimitDecodedOverTheEarlier(t *testing.T) {
+	const data = `domain: d
+descriptors:
+  - &base {key: user, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - <<: *base
+    key: admin
+    rate_limit: {requests_per_unit: 100}
+`
+	f, err := parseNoPanic(t, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load([]*File{f}, Options{}); err != nil {
+		t.Fatalf("Load refused a file ratelimit loads: %v", err)
+	}
+	if rl := f.Descriptors[1].RateLimit; rl == nil || rl.RequestsPerUnit != 100 || rl.Unit != "minute" {
+		t.Errorf("admin: %+v, want 100 per minute (yaml.v2 keeps the merged unit)", rl)
+	}
+	// Written twice in one mapping: the same, and nothing is ignored; a
+	// null between starts afresh.
+	f, err = parseNoPanic(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n    metadata: {a: 1}\n    rate_limit: {requests_per_unit: 5}\n    metadata: {b: 2}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := f.Descriptors[0]
+	if rl := d.RateLimit; rl == nil || rl.RequestsPerUnit != 5 || rl.Unit != "hour" || len(f.Ignored) != 0 || len(d.Metadata.GetFields()) != 2 {
+		t.Errorf("rate_limit and metadata written twice: %+v, metadata %v, ignored %v; want 5 per hour, both metadata keys, nothing ignored", rl, d.Metadata, f.Ignored)
+	}
+	f, err = parseNoPanic(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n    rate_limit: ~\n    rate_limit: {requests_per_unit: 5}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rl := f.Descriptors[0].RateLimit; rl == nil || rl.RequestsPerUnit != 5 || rl.Unit != "" {
+		t.Errorf("rate_limit, null, rate_limit: %+v, want 5 without a unit (the null starts afresh)", rl)
+	}
+}
+
+// TestRatelimitBinaryValueIsItsBytes: yaml.v2 decodes a !!binary scalar into a
+// string field as the bytes it encodes (decode.go: `if tag ==
+// yaml_BINARY_TAG { out.SetString(resolved.(string)) }`), so ratelimit
+// matches the value "hello", and so does Parse.
+func TestRatelimitBinaryValueIsItsBytes(t *testing.T) {
+	f, err := parseNoPanic(t, "domain: d\ndescriptors:\n  - key: k\n    value: !!binary aGVsbG8=\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := f.Descriptors[0].Value; v != "hello" {
+		t.Errorf("value %q, want %q as ratelimit reads it", v, "hello")
+	}
+}

@@ -72,6 +72,10 @@ type value struct {
 	keys, vals []*value
 	merged     []bool
 	lost       []*value
+	// earlier holds, per key, the values it had before its last one, in
+	// the order yaml.v2 decoded them: into a struct or a map it decodes a
+	// repeated mapping over the earlier one (see decodedOver).
+	earlier [][]*value
 }
 
 // goValue is v as yaml.v2 would decode it into interface{}, for messages
@@ -202,7 +206,8 @@ func (p *parser) convert(n *yaml.Node, depth int) *value {
 }
 
 // mapping fills v with the pairs of n, merging "<<" keys in place as
-// yaml.v2 does: in order, a later key replacing an earlier one.
+// yaml.v2 does: in order, a later key replacing an earlier one. A list or
+// a mapping as a key is refused, as yaml.v2 refuses it.
 func (p *parser) mapping(v *value, n *yaml.Node, depth int) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, vn := n.Content[i], n.Content[i+1]
@@ -219,18 +224,30 @@ func (p *parser) mapping(v *value, n *yaml.Node, depth int) {
 			}
 			continue
 		}
-		v.set(p.convert(kn, depth+1), p.convert(vn, depth+1), false)
+		k := p.convert(kn, depth+1)
+		if k.kind == kSeq || k.kind == kMap {
+			p.add(kn.Line, "", "error loading config file: invalid map key: %s", describe(k))
+			continue
+		}
+		v.set(k, p.convert(vn, depth+1), false)
 	}
 }
 
+// mergeSources are the mappings a "<<" merges, in the order yaml.v2
+// applies them: of a list, the last first, so that the earlier mappings'
+// keys win.
 func mergeSources(n *yaml.Node) []*yaml.Node {
 	if n.Kind == yaml.AliasNode {
 		n = n.Alias
 	}
-	if n.Kind == yaml.SequenceNode {
-		return n.Content
+	if n.Kind != yaml.SequenceNode {
+		return []*yaml.Node{n}
 	}
-	return []*yaml.Node{n}
+	out := make([]*yaml.Node, len(n.Content))
+	for i, c := range n.Content {
+		out[len(out)-1-i] = c
+	}
+	return out
 }
 
 // set sets key k to x, replacing an earlier k. A key replaced by, or
@@ -239,9 +256,10 @@ func mergeSources(n *yaml.Node) []*yaml.Node {
 func (v *value) set(k, x *value, merged bool) {
 	for i, old := range v.keys {
 		if sameKey(old, k) {
-			if !merged && !v.merged[i] {
+			if !merged && !v.merged[i] && !decodedOver[k.text] {
 				v.lost = append(v.lost, old)
 			}
+			v.earlier[i] = append(v.earlier[i], v.vals[i])
 			v.keys[i], v.vals[i], v.merged[i] = k, x, merged
 			return
 		}
@@ -249,6 +267,41 @@ func (v *value) set(k, x *value, merged bool) {
 	v.keys = append(v.keys, k)
 	v.vals = append(v.vals, x)
 	v.merged = append(v.merged, merged)
+	v.earlier = append(v.earlier, nil)
+}
+
+// decodedOver are the descriptor fields ratelimit decodes into a struct
+// pointer (rate_limit) or a map (metadata): yaml.v2 decodes a repeated or
+// merged mapping of them into what the earlier one made, so the fields a
+// later one leaves out keep their values, and null starts afresh.
+var decodedOver = map[string]bool{"rate_limit": true, "metadata": true}
+
+// over is the value of m's i-th key as yaml.v2 decodes it into a struct
+// or a map: its mappings laid over each other since the last null.
+func (m *value) over(i int) *value {
+	last := m.vals[i]
+	if last.kind != kMap || len(m.earlier[i]) == 0 {
+		return last
+	}
+	all := append(append([]*value{}, m.earlier[i]...), last)
+	from := 0
+	for j, x := range all {
+		switch x.kind {
+		case kMap:
+		case kNull:
+			from = j + 1
+		default:
+			return x // refused, as yaml.v2 refuses it
+		}
+	}
+	out := &value{kind: kMap, line: last.line}
+	for _, x := range all[from:] {
+		for j := range x.keys {
+			out.set(x.keys[j], x.vals[j], true)
+		}
+		out.lost = append(out.lost, x.lost...)
+	}
+	return out
 }
 
 func sameKey(a, b *value) bool {
@@ -338,6 +391,8 @@ func tagged(n *yaml.Node, v *value) *value {
 		return v // the tag does not fit the text; keep the text
 	}
 	switch t := x.(type) {
+	case string:
+		v.text = t // !!binary is the bytes it encodes
 	case nil:
 		v.kind = kNull
 	case bool:
@@ -414,7 +469,11 @@ func (p *parser) fields(m *value, path string, known []string, read func(key str
 			p.ignore(k.line, field, "ratelimit ignores %q here (it reads %s)", k.text, strings.Join(known, ", "))
 			continue
 		}
-		read(k.text, m.vals[i], field)
+		v := m.vals[i]
+		if decodedOver[k.text] {
+			v = m.over(i)
+		}
+		read(k.text, v, field)
 	}
 }
 
