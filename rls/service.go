@@ -237,6 +237,11 @@ type plan struct {
 	// adhoc is a descriptor's own limit: as ratelimit's, it has no name,
 	// replaces nothing and has no shadow or quota mode (§3.2).
 	adhoc bool
+	// zero is the current_limit of a limit of 0 requests per unit (a deny
+	// node, or a descriptor's own limit of requests_per_unit 0): every
+	// hit is over it, a check passes, nothing is written. nil for any
+	// other limit.
+	zero *rlsv3.RateLimitResponse_RateLimit
 	// met is the verdict of the rule the answer's status came from, when
 	// it counts hits (a bucket or a quota) and the descriptor charged them.
 	met *verdict
@@ -291,9 +296,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		plans[i] = p
 	}
+	// An unlimited limit is never replaced, as ratelimit sets it aside
+	// before it drops the replaced names; what it replaces still goes.
 	replaced := rlconfig.Replaced(plans,
 		func(p plan) string {
-			if n := p.modes(); n != nil {
+			if n := p.modes(); n != nil && p.kind != KindUnlimited {
 				return n.Name
 			}
 			return ""
@@ -673,14 +680,8 @@ func (s *Service) plan(m *mapping, req *rlsv3.RateLimitRequest, d *commonv3.Rate
 	p := plan{hits: hitsOf(req, d), negative: d.GetIsNegativeHits()}
 	match, known, ok := m.cfg.MatchRLS(req.GetDomain(), d)
 	override := d.GetLimit()
-	var limit buckets.Limit
-	if override != nil {
-		l, err := overrideLimit(override)
-		if err != nil {
-			return p, err
-		}
-		limit = l
-	}
+	// An unknown domain has no limit before a descriptor's own is looked
+	// at, as ratelimit's GetLimit answers it.
 	switch {
 	case !known:
 		p.kind = KindUnknownDomain
@@ -688,6 +689,23 @@ func (s *Service) plan(m *mapping, req *rlsv3.RateLimitRequest, d *commonv3.Rate
 	case !ok && override == nil:
 		p.kind = KindNoLimit
 		return p, nil
+	}
+	var limit buckets.Limit
+	if override != nil {
+		l, unit, err := overrideLimit(override)
+		if err != nil {
+			return p, err
+		}
+		if l.Capacity == 0 {
+			// ratelimit's own limit of 0 skips the tree as any own limit
+			// does: every hit over it.
+			p.kind, p.adhoc = KindOverride, true
+			p.zero = &rlsv3.RateLimitResponse_RateLimit{Unit: unit}
+			return p, nil
+		}
+		limit = l
+	}
+	switch {
 	case !ok || override != nil && match.Descriptor().Policy == "":
 		// A descriptor's own limit where the tree has no policy (no
 		// limit, unlimited or deny: ratelimit's own limit skips the
@@ -704,7 +722,7 @@ func (s *Service) plan(m *mapping, req *rlsv3.RateLimitRequest, d *commonv3.Rate
 		p.kind = KindUnlimited
 		return p, nil
 	case node.Deny:
-		p.kind = KindDeny
+		p.kind, p.zero = KindDeny, &rlsv3.RateLimitResponse_RateLimit{Name: p.name}
 		return p, nil
 	}
 	p.kind, p.policy = KindLimit, node.Policy
@@ -772,17 +790,20 @@ func (s *Service) answer(ctx context.Context, p *plan) (*rlsv3.RateLimitResponse
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}, nil
 	case KindUnlimited:
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode, LimitRemaining: math.MaxUint32}, nil
-	case KindDeny:
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: p.name}}
+	case KindUnpriced:
+		// A quota of money that cannot price the hits cannot count them:
+		// refused, nothing written, as ext_proc refuses an unpriced model.
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: overCode}, nil
+	}
+	if p.zero != nil {
+		// Nothing is counted: a check passes also after hits, where
+		// ratelimit's window counter would hold them (docs/rls.md).
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode, CurrentLimit: p.zero}
 		if p.hits > 0 && !p.negative {
 			st.Code = overCode
 			p.met = &verdict{counted: true, used: float64(p.hits)}
 		}
 		return st, nil
-	case KindUnpriced:
-		// A quota of money that cannot price the hits cannot count them:
-		// refused, nothing written, as ext_proc refuses an unpriced model.
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: overCode}, nil
 	}
 	if len(p.buckets) == 0 && len(p.quotas) == 0 && len(p.slots) == 0 {
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: okCode}, nil
@@ -986,18 +1007,21 @@ func (p *plan) status(vs []verdict) (st *rlsv3.RateLimitResponse_DescriptorStatu
 	return st, pick
 }
 
-// overrideLimit is a descriptor's own limit as a bucket's: requests_per_unit
-// of capacity, refilling requests_per_unit per unit.
-func overrideLimit(o *commonv3.RateLimitDescriptor_RateLimitOverride) (buckets.Limit, error) {
-	secs := rlconfig.UnitSeconds(rlconfig.Unit(o.GetUnit()))
+// overrideLimit is a descriptor's own limit as a bucket's, and its unit:
+// requests_per_unit of capacity, refilling requests_per_unit per unit. A
+// limit of 0 is the zero Limit, which no bucket can hold: the caller
+// answers it as a deny.
+func overrideLimit(o *commonv3.RateLimitDescriptor_RateLimitOverride) (buckets.Limit, rlconfig.Unit, error) {
+	unit := rlconfig.Unit(o.GetUnit())
+	secs := rlconfig.UnitSeconds(unit)
 	if secs == 0 {
-		return buckets.Limit{}, errors.New("its limit has no unit")
+		return buckets.Limit{}, unit, errors.New("its limit has no unit")
 	}
 	n := float64(o.GetRequestsPerUnit())
 	if n == 0 {
-		return buckets.Limit{}, errors.New("its limit has requests_per_unit 0")
+		return buckets.Limit{}, unit, nil
 	}
-	return buckets.Limit{Capacity: n, Rate: n / float64(secs)}, nil
+	return buckets.Limit{Capacity: n, Rate: n / float64(secs)}, unit, nil
 }
 
 // units are the units a bucket's limit is reported in.
@@ -1097,11 +1121,16 @@ func concurrencyRule(p *admission.Policy, name string) *admission.ConcurrencyRul
 func headerValue(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
 
 // refill is the time bucket limit l takes to refill n tokens, at most a
-// year (a duration Envoy can print).
+// year (a duration Envoy can print). The cap is applied to the float: a
+// refill of centuries does not fit a time.Duration.
 func refill(l buckets.Limit, n float64) time.Duration {
 	const most = 365 * 24 * time.Hour
 	if l.Rate <= 0 {
 		return most
 	}
-	return min(most, time.Duration(math.Ceil(n/l.Rate*float64(time.Second))))
+	ns := math.Ceil(n / l.Rate * float64(time.Second))
+	if !(ns < float64(most)) {
+		return most
+	}
+	return time.Duration(ns)
 }

@@ -10,9 +10,11 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tokengate/tokengate/admission"
@@ -261,6 +263,33 @@ func TestStatusesReportTheRule(t *testing.T) {
 	})
 }
 
+// TestHugeHitsResetCappedAtAYear: the time until a bucket holds the hits
+// is at most a year (docs/rls.md "The service"), also for hits whose
+// refill takes longer than a time.Duration holds: 2e9 hits at 10 a minute
+// take some 380 years. retry-after says the same year.
+func TestHugeHitsResetCappedAtAYear(t *testing.T) {
+	eachStore(t, func(t *testing.T, r *rig) {
+		got := r.call(t, hits(desc("user", "huge"), 2_000_000_000))
+		st := got.GetStatuses()[0]
+		if st.GetCode() != over {
+			t.Fatalf("2e9 hits on a bucket of 10: %v, want OVER_LIMIT", st)
+		}
+		const year = 365 * 24 * time.Hour
+		if d := st.GetDurationUntilReset().AsDuration(); d != year {
+			t.Errorf("duration_until_reset %v, want the cap of a year", d)
+		}
+		var retry []string
+		for _, h := range got.GetResponseHeadersToAdd() {
+			if h.GetKey() == "retry-after" {
+				retry = append(retry, h.GetValue())
+			}
+		}
+		if len(retry) != 1 || retry[0] != "31536000" {
+			t.Errorf("retry-after %q, want one of 31536000 (a year)", retry)
+		}
+	})
+}
+
 // TestNegativeHitsRefund: is_negative_hits gives tokens back, never above
 // the capacity.
 func TestNegativeHitsRefund(t *testing.T) {
@@ -370,6 +399,59 @@ func TestLimitsWithoutBuckets(t *testing.T) {
 	}
 }
 
+// unlimitedNamedYAML is mappingYAML with the unlimited node named base,
+// the name that node better replaces.
+func unlimitedNamedYAML(t *testing.T) string {
+	return replaceOnce(t, mappingYAML, "{key: health, value: probe, unlimited: true}", "{key: health, value: probe, unlimited: true, name: base}")
+}
+
+// TestReplacedUnlimitedStaysUnlimited: an unlimited limit is never
+// replaced, as ratelimit sets unlimited limits aside before it drops the
+// replaced names (§3.2): beside a descriptor replacing its name it is
+// still {OK, limit_remaining MaxUint32}, while a limit of that name is
+// dropped; and under the service's quota mode it is no quota-mode
+// descriptor (§3.5), so a call whose limited descriptors are all over is
+// OVER_LIMIT beside it. What an unlimited limit replaces goes, as any
+// limit's.
+func TestReplacedUnlimitedStaysUnlimited(t *testing.T) {
+	onEveryStoreWith(t, unlimitedNamedYAML(t), func(t *testing.T, r *rig) {
+		got := r.call(t, desc("health", "probe"), hits(desc("named", "amy"), 20), desc("better", "amy"))
+		if st := got.GetStatuses()[0]; st.GetCode() != ok || st.GetLimitRemaining() != math.MaxUint32 || st.GetCurrentLimit() != nil {
+			t.Errorf("an unlimited descriptor beside one replacing its name: %v, want OK with limit_remaining %d and no limit", st, uint32(math.MaxUint32))
+		}
+		if st := got.GetStatuses()[1]; st.GetCode() != ok || st.GetCurrentLimit() != nil {
+			t.Errorf("a limit of the replaced name: %v, want OK with no limit (replaced)", st)
+		}
+		if l := r.level(t, "user", "amy"); !near(l, 10) {
+			t.Errorf("the replaced limit's level %v, want 10: not charged", l)
+		}
+		r.mu.Lock()
+		if k := r.seen[0].Kind; k != rls.KindUnlimited {
+			t.Errorf("the unlimited descriptor counted as %s, want %s", k, rls.KindUnlimited)
+		}
+		r.mu.Unlock()
+	})
+	t.Run("what it replaces", func(t *testing.T) {
+		y := replaceOnce(t, mappingYAML, "{key: health, value: probe, unlimited: true}", "{key: health, value: probe, unlimited: true, replaces: [base]}")
+		r := newRig(t, buckets.NewMemory(buckets.MemoryOptions{}), y)
+		got := r.call(t, desc("health", "probe"), hits(desc("named", "bo"), 20))
+		if st := got.GetStatuses()[1]; got.GetOverallCode() != ok || st.GetCurrentLimit() != nil {
+			t.Errorf("a limit an unlimited one replaces: %v, want OK with no limit (replaced)", got)
+		}
+	})
+	t.Run("service's quota mode", func(t *testing.T) {
+		onEveryStoreWith(t, unlimitedNamedYAML(t)+"  quota_mode: true\n", func(t *testing.T, r *rig) {
+			got := r.call(t, hits(desc("user", "bea"), 11), desc("health", "probe"), hits(desc("better", "bea"), 6))
+			if got.GetStatuses()[0].GetCode() != over || got.GetStatuses()[2].GetCode() != over {
+				t.Fatalf("11 hits on 10 and 6 on 5: %v, want both limited descriptors over", got)
+			}
+			if got.GetOverallCode() != over {
+				t.Errorf("quota mode, every limited descriptor over, an unlimited one beside: %v, want OVER_LIMIT (the unlimited is no quota-mode descriptor)", got.GetOverallCode())
+			}
+		})
+	})
+}
+
 // TestLimitOverride: a descriptor's own limit is the rule's limit for that
 // call, without the node's shadow or quota mode (§3.2); where the tree has
 // no policy, a bucket of the domain's own.
@@ -404,6 +486,77 @@ func TestLimitOverride(t *testing.T) {
 			t.Errorf("an own limit without unit: %v, want InvalidArgument", err)
 		}
 	})
+}
+
+// TestOwnLimitOfZero: a descriptor's own limit of requests_per_unit 0 is
+// a limit of 0 (ratelimit's GetLimit takes it as is, §3.2; §3.4: after >
+// limit is OVER_LIMIT): a hit is OVER_LIMIT and a check OK, each with
+// current_limit {0, its unit}, and the call's other descriptors are
+// answered as ever. As any own limit it skips the tree: a node's buckets
+// are not charged; its hits are counted in ratelimit's stats of the own
+// limit (§3.6).
+func TestOwnLimitOfZero(t *testing.T) {
+	zero := func(d *commonv3.RateLimitDescriptor) *commonv3.RateLimitDescriptor {
+		d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
+		return d
+	}
+	want := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}
+	eachStore(t, func(t *testing.T, r *rig) {
+		got := r.call(t, desc("user", "zed"), zero(hits(desc("adhoc", "x"), 1)))
+		if got.GetOverallCode() != over || got.Statuses[0].GetCode() != ok || got.Statuses[1].GetCode() != over {
+			t.Errorf("a hit on an own limit of 0 per minute beside a descriptor under its limit: %v, want OVER_LIMIT for it, OK for the other", got)
+		}
+		if d := cmp.Diff(want, got.Statuses[1].GetCurrentLimit(), protocmp.Transform()); d != "" {
+			t.Errorf("current_limit of an own limit of 0 (-want +got):\n%s", d)
+		}
+		got = r.call(t, zero(hits(desc("adhoc", "y"), 0)))
+		if got.GetOverallCode() != ok || got.Statuses[0].GetLimitRemaining() != 0 {
+			t.Errorf("a check on an own limit of 0: %v, want OK with remaining 0", got)
+		}
+		if d := cmp.Diff(want, got.Statuses[0].GetCurrentLimit(), protocmp.Transform()); d != "" {
+			t.Errorf("current_limit of a check on an own limit of 0 (-want +got):\n%s", d)
+		}
+		if got := r.call(t, zero(hits(desc("user", "zed"), 3))); got.GetOverallCode() != over {
+			t.Errorf("3 hits on an own limit of 0 on a node with a policy: %v, want OVER_LIMIT", got)
+		}
+		if l := r.level(t, "user", "zed"); !near(l, 9) {
+			t.Errorf("the node's bucket at %v after its own limit of 0 was hit, want 9 (the one hit of the first call only)", l)
+		}
+		// ratelimit's stats of the own limit: its hit over the limit of 0.
+		if st, want := r.byKey()["d.adhoc_x"], (rls.RatelimitStats{Key: "d.adhoc_x", TotalHits: 1, OverLimit: 1}); st != want {
+			t.Errorf("stats of a hit on an own limit of 0: %+v, want %+v", st, want)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if k := r.seen[1].Kind; k != rls.KindOverride {
+			t.Errorf("an own limit of 0 counted as %s, want %s", k, rls.KindOverride)
+		}
+	})
+}
+
+// TestOwnLimitInUnknownDomainIsNoLimit: a domain no mapping names has no
+// limit, looked up before a descriptor's own limit is (§3.2, scenario
+// 31): OK with no current_limit, whatever the own limit says — also one
+// without unit, which a known domain refuses (TestLimitOverride).
+func TestOwnLimitInUnknownDomainIsNoLimit(t *testing.T) {
+	r := newRig(t, buckets.NewMemory(buckets.MemoryOptions{}), mappingYAML)
+	for name, l := range map[string]*commonv3.RateLimitDescriptor_RateLimitOverride{
+		"no unit":             {RequestsPerUnit: 5},
+		"requests_per_unit 0": {Unit: typev3.RateLimitUnit_MINUTE},
+		"5 per minute":        {RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_MINUTE},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := desc("user", "x")
+			d.Limit = l
+			resp, err := r.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "elsewhere", Descriptors: []*commonv3.RateLimitDescriptor{d}})
+			if err != nil {
+				t.Fatalf("own limit (%s) in an unknown domain: %v, want OK with no limit", name, err)
+			}
+			if resp.GetOverallCode() != ok || len(resp.GetStatuses()) != 1 || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+				t.Errorf("own limit (%s) in an unknown domain: %v, want OK with no limit", name, resp)
+			}
+		})
+	}
 }
 
 // TestCostQuotaPricedByModel: hits of a descriptor meeting a quota of money
