@@ -504,3 +504,84 @@ func TestSettleKeepsOrExtendsTheTTL(t *testing.T) {
 		t.Errorf("after a debt down to %v: TTL %v, want at least %v", level, got, fullIn(level))
 	}
 }
+
+// TestRefundToABucketWithoutKeyWritesATTL: a chain's second bucket (not
+// the holder of the record) refills to full and its key expires while the
+// request runs; the settlement's refund then writes a key that does not
+// exist, which must get a TTL, not keep one it does not have.
+// docs/buckets.md: "a TTL on every key (a bucket's key expires once it
+// would be full again ...)"; lua.go: "Every write sets the TTL".
+func TestRefundToABucketWithoutKeyWritesATTL(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := New(c, Options{})
+	ctx := context.Background()
+	holder := buckets.Bucket{Name: "user", Key: "u", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9}}
+	fast := buckets.Bucket{Name: "provider", Key: "p", Limit: buckets.Limit{Capacity: 10, Rate: 1000}}
+	d, err := st.Reserve(ctx, buckets.Request{Cost: 5, Buckets: []buckets.Bucket{holder, fast}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve = %+v, %v", d, err)
+	}
+	key := st.bucketKey(fast.Key)
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Exists(ctx, key).Val() == 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the fast bucket's key never expired")
+		}
+	}
+	if _, err := st.Settle(ctx, d.Reservation, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl == -1 {
+		t.Errorf("after a refund to a bucket whose key had expired: PTTL %v, the key lives forever; want a TTL (or no key)", ttl)
+	}
+	// The rate-limit service's refund (negative hits: a charge of a
+	// reservation of the hits settled at 0, rls plan.reservation) to a
+	// bucket that is full, so has no key, does the same.
+	idle := buckets.Bucket{Name: "idle", Key: "idle", Limit: buckets.Limit{Capacity: 100, Rate: 1}}
+	if _, err := st.Charge(ctx, &buckets.Reservation{ID: "refund", Cost: 5, Buckets: []buckets.Bucket{idle}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, st.bucketKey(idle.Key)).Val(); ttl == -1 {
+		t.Errorf("after a refund charged to a full bucket: PTTL %v, the key lives forever; want a TTL (or no key)", ttl)
+	}
+}
+
+// TestAnIDLikeATombstoneIsItsOwn: a reservation ID that starts with "%t"
+// is the tombstone "%t"+ID that a cancellation (or a settle of a reserve
+// sent twice) leaves for another ID, unless the store hashes it: a reserve
+// with ID "%tX" after X was cancelled must take its cost (S3: "then c is
+// taken from all of them"), and its settlement charge the usage (S8).
+func TestAnIDLikeATombstoneIsItsOwn(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	st := New(c, Options{})
+	ctx := context.Background()
+	b := buckets.Bucket{Name: "user", Key: "u", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9}}
+	d, err := st.Reserve(ctx, buckets.Request{ID: "X", Cost: 100, Buckets: []buckets.Bucket{b}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve X = %+v, %v", d, err)
+	}
+	if err := st.Cancel(ctx, d.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	d, err = st.Reserve(ctx, buckets.Request{ID: "%tX", Cost: 100, Buckets: []buckets.Bucket{b}})
+	if err != nil || !d.OK {
+		t.Fatalf("Reserve %%tX = %+v, %v", d, err)
+	}
+	if got := d.Buckets[0].Remaining; math.Abs(got-900) > 1e-6 {
+		t.Errorf("a reserve of 100 with ID %%tX after X was cancelled leaves %v, want 900", got)
+	}
+	if _, err := st.Settle(ctx, d.Reservation, 100); err != nil {
+		t.Fatal(err)
+	}
+	bs, _, err := st.Inspect(ctx, []buckets.Bucket{b}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bs[0].Remaining; math.Abs(got-900) > 1e-6 {
+		t.Errorf("after using 100 tokens the bucket holds %v, want 900", got)
+	}
+}

@@ -355,7 +355,7 @@ for o = 1, nops do
       local cap, rate, res = p[q + 1], p[q + 2], p[q + 6]
       local b = 8 * p[q] - 7
       local l, t = B[b], B[b + 1]
-      if not l then l, t = cap, now end
+      if not l then l, t, B[b + 6] = cap, now, true end -- no key: no TTL to keep
       if now > t then
         l = l + rate * ((now - t) / 1e6)
         if l > cap then l = cap end
@@ -566,7 +566,7 @@ for o = 1, nops do
       local cap, rate, floor = p[q + 1], p[q + 2], p[q + 5]
       local b = 8 * p[q] - 7
       local l, t = B[b], B[b + 1]
-      if not l then l, t = cap, now end
+      if not l then l, t, B[b + 6] = cap, now, true end -- no key: no TTL to keep
       if now > t then
         l = l + rate * ((now - t) / 1e6)
         if l > cap then l = cap end
@@ -629,7 +629,7 @@ end
 -- (its string, ts), or, below low or while paused, the exact time to full
 -- (ttl); a holder lives at least until its latest record expires. A key
 -- that existed keeps its TTL unless something in this batch can need a
--- later one (+6). A TTL the batch works out goes to SET as a string of
+-- later one (+6, also set for a key that did not exist: it has none). A TTL the batch works out goes to SET as a string of
 -- its whole milliseconds: string.format's integer costs less than the 17
 -- digits Redis would print of a number.
 for k = 1, nbk do

@@ -496,10 +496,12 @@ func keyPart(k string) string {
 	return escape(k)
 }
 
-// idPart is the form of reservation ID id in marker keys and slot members:
-// itself, or hashed when long or when it could be taken for a hashed one.
+// idPart is the form of reservation ID id in marker keys, records and slot
+// members: itself, or hashed when long or when it starts with '%', as the
+// forms the store makes of IDs do: a hashed one ("%h…") or a record's
+// tombstone ("%t…").
 func idPart(id string) string {
-	if len(id) > maxIDPart || strings.HasPrefix(id, "%h") {
+	if len(id) > maxIDPart || strings.HasPrefix(id, "%") {
 		return hashed(id)
 	}
 	return id
