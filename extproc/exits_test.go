@@ -3,14 +3,19 @@ package extproc
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tokengate/tokengate/buckets"
@@ -197,6 +202,107 @@ func TestClientHangsUpBeforeForwardingPaysNothing(t *testing.T) {
 			t.Error("the upstream got a request whose client left while it waited")
 		}
 	})
+}
+
+// §2.5, §7.2 (ext_proc_graceful_grpc_close): when the client goes, Envoy
+// may half-close the side stream and reset it only a second later. A
+// request still waiting for its tokens then was never forwarded, and pays
+// nothing: the wait ends as the stream does, and its answer, which would
+// forward it, is never sent.
+func TestHalfCloseWhileWaitingForTokensChargesNothing(t *testing.T) {
+	r, _ := waitingRig(t)
+	st := waitingStream(t, r)
+	// The client leaves: Envoy half-closes and waits for the server.
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		a, err := st.Recv()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Errorf("the server ended the call with %v, want OK", err)
+			}
+			break
+		}
+		if a.GetRequestBody() != nil {
+			t.Errorf("the server forwarded the request after the client left: %v", a)
+		}
+	}
+	o := r.outcome(t)
+	if o.SettleOutcome != "not_forwarded" || o.Settled != 0 || o.Waited == 0 {
+		t.Errorf("outcome %+v, want not_forwarded after a wait, nothing settled", o)
+	}
+	if got := r.store.settlements(t); len(got) != 1 || got[0] != 0 {
+		t.Errorf("settlements %v, want the reservation settled once at 0", got)
+	}
+}
+
+// A message that arrives while the request waits for its tokens does not
+// end the wait: it is handled after it, in its turn (§1.3: answers in the
+// order of the messages), and the request goes on.
+func TestMessageWhileWaitingForTokensIsHandledAfterTheWait(t *testing.T) {
+	r, _ := waitingRig(t)
+	st := waitingStream(t, r)
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for len(got) < 3 {
+		a, err := st.Recv()
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		switch {
+		case a.GetOverrideMessageTimeout() != nil:
+			got = append(got, "timeout extended")
+		case a.GetRequestBody() != nil:
+			got = append(got, "body")
+		case a.GetRequestTrailers() != nil:
+			got = append(got, "trailers")
+		default:
+			got = append(got, fmt.Sprintf("%T", a.GetResponse()))
+		}
+	}
+	if want := []string{"timeout extended", "body", "trailers"}; !slices.Equal(got, want) {
+		t.Errorf("answers %v, want %v", got, want)
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Errorf("the server ended the call with %v, want OK", err)
+	}
+	// Forwarded, and gone before its non-streamed answer: the
+	// reservation stands.
+	if o := r.outcome(t); o.SettleOutcome != "no_response" || o.Settled != 20 || o.Waited == 0 {
+		t.Errorf("outcome %+v, want no_response with the reservation of 20 settled after a wait", o)
+	}
+}
+
+// waitingStream opens an ext_proc stream to r's server, as Envoy would,
+// and sends it a request (BUFFERED) that waits for its tokens: it returns
+// once the request has its reservation.
+func waitingStream(t *testing.T, r *rig) extprocv3.ExternalProcessor_ProcessClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	st, err := extprocv3.NewExternalProcessorClient(r.conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*extprocv3.ProcessingRequest{
+		reqHeadersMsg(buffered, duplex, chatPath),
+		reqBodyMsg(`{"model":"m","max_tokens":10,"messages":[]}`, true),
+	} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, err := st.Recv(); err != nil || a.GetRequestHeaders() == nil {
+		t.Fatalf("the request headers' answer: %v, %v", a, err)
+	}
+	r.awaitReserved(t)
+	return st
 }
 
 // waitingRig is a rig whose bucket has 10 of its 100 tokens left, refilling
@@ -474,6 +580,43 @@ func TestAnswersChargeTheUsageTheyReport(t *testing.T) {
 				t.Errorf("outcome %+v, want %s with %d settled", o, tc.outcome, tc.settled)
 			}
 			checkExit(t, r, pol, tc.settled, 0)
+		})
+	}
+}
+
+// §2.3: with trailer mode SKIP, a non-streamed answer that its HTTP/2
+// upstream ended with trailers reaches tokengate without an end_of_stream
+// body message, in STREAMED and BUFFERED mode alike, and the side stream
+// then closes. A body that parses whole is the complete answer, charged
+// the usage it reports (docs/budgets.md, "complete, usage reported"); one
+// cut short, the client gone mid-answer, keeps its reservation.
+func TestTrailersEndedNonStreamedAnswerChargesItsUsage(t *testing.T) {
+	const usage = `"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}`
+	for _, tc := range []struct {
+		name    string
+		mode    filterv3.ProcessingMode_BodySendMode
+		chunks  []string
+		outcome string
+		settled int
+	}{
+		{"STREAMED", streamed, []string{`{"choices":[],`, usage}, "complete", 42},
+		{"BUFFERED", buffered, []string{`{"choices":[],` + usage}, "complete", 42},
+		{"STREAMED, cut short", streamed, []string{`{"choices":[],`, usage[:20]}, "aborted", 60},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, outcomes := requestServer(t, 1e6, &fakeCounter{input: 10, allowance: 100}, 1<<20)
+			msgs := []*extprocv3.ProcessingRequest{
+				reqHeadersMsg(buffered, tc.mode, chatPath),
+				reqBodyMsg(`{"model":"m","max_tokens":50,"messages":[]}`, true),
+				respHeadersMsg("200", "application/json", false),
+			}
+			for _, c := range tc.chunks {
+				msgs = append(msgs, respBodyMsg(c, false)) // the trailers that follow are not sent
+			}
+			drive(t, s, msgs)
+			if o := <-outcomes; o.SettleOutcome != tc.outcome || o.Settled != tc.settled {
+				t.Errorf("outcome %+v, want %s with %d settled", o, tc.outcome, tc.settled)
+			}
 		})
 	}
 }

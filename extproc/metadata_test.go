@@ -6,6 +6,8 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tokengate/tokengate/buckets"
 )
 
 // S24: Envoy merges the dynamic metadata of every answer of a stream into
@@ -99,5 +101,48 @@ func TestMetadataOfANonStreamedAnswer(t *testing.T) {
 		"reserved_tokens": float64(o.Reserved), "settled_tokens": 17.0}
 	if d := cmp.Diff(want, merged); d != "" {
 		t.Errorf("metadata Envoy ends up with (-want +got):\n%s", d)
+	}
+}
+
+// docs/design.md ("Dynamic metadata"): the last answer carries
+// settled_tokens, so that %DYNAMIC_METADATA(tokengate:settled_tokens)%
+// shows the settlement. Envoy's last message of a response is its headers
+// when they carry end_of_stream (§2.4, a response without body), and, in
+// STREAMED mode, the end_of_stream chunk, also when the stream is cut off
+// in it (S14).
+func TestLastAnswerCarriesSettledTokens(t *testing.T) {
+	pol := Policy{Name: "p", MaxOutputTokens: 2, Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 1e6, Rate: 1e-9}}}}
+	for _, tc := range []struct {
+		name string
+		msgs []*extprocv3.ProcessingRequest
+		want float64
+	}{
+		{"response headers with end_of_stream", []*extprocv3.ProcessingRequest{
+			reqHeadersMsg(buffered, duplex, chatPath),
+			reqBodyMsg(`{"model":"m","max_tokens":50,"messages":[]}`, true),
+			respHeadersMsg("200", "application/json", true),
+		}, 12}, // the reservation stands: 10 + the allowance of 2
+		{"STREAMED cut-off in the end_of_stream chunk", []*extprocv3.ProcessingRequest{
+			reqHeadersMsg(buffered, streamed, chatPath),
+			reqBodyMsg(`{"model":"m","stream":true,"max_tokens":50,"messages":[]}`, true),
+			respHeadersMsg("200", "text/event-stream", false),
+			respBodyMsg(string(sse(chatChunk("a"), chatChunk("b"), chatChunk("c"), "[DONE]")), true),
+		}, 13}, // 10 + the 3 tokens counted, the third over the cap
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, outcomes := policyServer(t, pol, &fakeCounter{input: 10, allowance: 100}, 1<<20)
+			answers := drive(t, s, tc.msgs)
+			if o := <-outcomes; o.Settled != int(tc.want) {
+				t.Fatalf("outcome %+v, want %v settled", o, tc.want)
+			}
+			last := answers[len(answers)-1]
+			if len(last) == 0 {
+				t.Fatal("the last message got no answer")
+			}
+			md := last[len(last)-1].GetDynamicMetadata()
+			if v, ok := md.GetFields()["tokengate"].GetStructValue().GetFields()["settled_tokens"]; !ok || v.GetNumberValue() != tc.want {
+				t.Errorf("the last answer's metadata %v, want settled_tokens %v", md, tc.want)
+			}
+		})
 	}
 }

@@ -50,6 +50,9 @@ type processor struct {
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	send              sendFunc
+	// receiveAhead starts the stream's next receive while the processor
+	// waits for tokens (see waitForTokens); nil without a stream loop.
+	receiveAhead func() *received
 	// done: nothing more is answered (after an immediate response or a
 	// FULL_DUPLEX_STREAMED cut-off, Envoy may still send what was in flight).
 	done bool
@@ -349,11 +352,7 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		if err := send(ext); err != nil {
 			return err
 		}
-		t := time.NewTimer(d.Wait)
-		select {
-		case <-t.C:
-		case <-p.ctx.Done():
-			t.Stop()
+		if !p.waitForTokens(d.Wait) {
 			p.done = true
 			return nil // the client left while waiting; finish refunds the reservation
 		}
@@ -363,6 +362,43 @@ func (p *processor) decide(canRewrite bool, send sendFunc) error {
 		return nil // the client left while its tokens were reserved; finish refunds them
 	}
 	return p.forward(p.rewrite(canRewrite), p.metadata(false), send)
+}
+
+// waitForTokens waits d, until the tokens reserved come due (S12), and
+// reports whether the client is still there. Envoy cancels the stream when
+// the client goes (ctx), or, with its graceful close (§2.5, §7.2),
+// half-closes it and resets it only a second later: that shows only to a
+// receive, and the stream's loop is not in one while it waits here. So the
+// wait has the loop's next receive started (receiveAhead): its end of the
+// stream, or error, ends the wait as the client's going; a message it gets
+// is the loop's to handle after the wait.
+func (p *processor) waitForTokens(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var next *received
+	var arrived <-chan struct{}
+	if p.receiveAhead != nil {
+		next = p.receiveAhead()
+		arrived = next.done
+	}
+	for {
+		select {
+		case <-t.C:
+			select {
+			case <-arrived: // the stream may have ended as the wait did
+				return next.err == nil
+			default:
+				return true
+			}
+		case <-p.ctx.Done():
+			return false
+		case <-arrived:
+			if next.err != nil {
+				return false
+			}
+			arrived = nil // a message: handled once the wait is over
+		}
+	}
 }
 
 // reserve asks the store for cost tokens from every bucket of the policy's

@@ -102,9 +102,16 @@ func (p *processor) count() (tokenizer.Count, error) {
 	return p.s.cfg.counter.Count(req)
 }
 
-// decideBody decides the request now that its body is complete.
+// decideBody decides the request now that its body is complete. A body
+// that ended empty (an HTTP/2 request's one empty DATA frame with
+// END_STREAM, §2.4) is a request without body, as one whose headers
+// ended it: nothing to count, it goes on unmetered.
 func (p *processor) decideBody(send sendFunc) error {
 	p.req.decided = true
+	if p.req.size == 0 {
+		p.req.decision = "unmetered"
+		return p.forward(nil, nil, send)
+	}
 	return p.decide(p.reqMode != filterv3.ProcessingMode_STREAMED, send)
 }
 

@@ -31,10 +31,17 @@ const (
 // tokens, counting with counter, outcomes reported on the returned channel.
 func requestServer(t *testing.T, capacity float64, counter tokenCounter, maxBody int) (*Server, chan Outcome) {
 	t.Helper()
-	outcomes := make(chan Outcome, 16)
 	pol := Policy{Name: "p", InjectUsage: true, Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: capacity, Rate: 1e-9}}}}
+	return policyServer(t, pol, counter, maxBody)
+}
+
+// policyServer is a server with the one policy pol, which drive's
+// processors follow when it is named "p"; otherwise as requestServer.
+func policyServer(t *testing.T, pol Policy, counter tokenCounter, maxBody int) (*Server, chan Outcome) {
+	t.Helper()
+	outcomes := make(chan Outcome, 16)
 	s, err := NewServer(Config{
-		Policies: []Policy{pol}, DefaultPolicy: "p", Store: buckets.NewMemory(buckets.MemoryOptions{}),
+		Policies: []Policy{pol}, DefaultPolicy: pol.Name, Store: buckets.NewMemory(buckets.MemoryOptions{}),
 		counter: counter, MaxBodyBytes: maxBody, Logger: slog.New(slog.DiscardHandler),
 		OnFinish: func(o Outcome) { outcomes <- o },
 	})
@@ -68,6 +75,33 @@ func exchange(mode filterv3.ProcessingMode_BodySendMode, body []byte, size int, 
 		msgs = append(msgs, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}})
 	}
 	return msgs
+}
+
+// The messages Envoy sends, one by one (§1.2), for tests that write the
+// sequence out.
+
+func reqHeadersMsg(reqMode, respMode filterv3.ProcessingMode_BodySendMode, path string) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headersOf(":path", path, ":method", "POST")}},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: reqMode, ResponseBodyMode: respMode},
+	}
+}
+
+func reqBodyMsg(body string, eos bool) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: eos}}}
+}
+
+func respHeadersMsg(status, contentType string, eos bool) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: headersOf(":status", status, "content-type", contentType), EndOfStream: eos}}}
+}
+
+func respBodyMsg(body string, eos bool) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: eos}}}
+}
+
+func respTrailersMsg() *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}}
 }
 
 // drive hands msgs to a new processor of s, as its stream would, and
@@ -384,5 +418,44 @@ func TestStreamedRequestTrailersSkipped(t *testing.T) {
 	}
 	if e := r.entry(t, 2); !slices.Contains(e.Sent, "request_body") || slices.Contains(e.Sent, "request_trailers") {
 		t.Errorf("messages sent %v: want body chunks and no trailers (SKIP)", e.Sent)
+	}
+}
+
+// §2.4: an HTTP/2 POST whose body is one empty DATA frame with END_STREAM
+// is sent as its headers, then request_body{"", end_of_stream}, in every
+// body mode. It is a request without body, as an HTTP/1 POST with
+// content-length 0 is, whose headers carry end_of_stream: it goes on
+// unmetered (docs/budgets.md, "not metered: ... a request without body"),
+// not refused as malformed JSON.
+func TestEmptyBodyWithEndOfStreamIsUnmetered(t *testing.T) {
+	for _, tc := range []struct {
+		mode filterv3.ProcessingMode_BodySendMode
+		want [][]string // the kinds of the answers to the headers, then to the body
+	}{
+		{buffered, [][]string{{"headers"}, {"body"}}},
+		{streamed, [][]string{{"headers"}, {"body"}}},
+		{duplex, [][]string{nil, {"headers", "streamed eos=true"}}},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			s, outcomes := requestServer(t, 1e6, &fakeCounter{input: 10, allowance: 100}, 1<<20)
+			answers := drive(t, s, []*extprocv3.ProcessingRequest{
+				reqHeadersMsg(tc.mode, duplex, chatPath),
+				reqBodyMsg("", true),
+			})
+			var got [][]string
+			for _, as := range answers {
+				var kinds []string
+				for _, a := range as {
+					kinds = append(kinds, kindOf(a))
+				}
+				got = append(got, kinds)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("answers (-want +got):\n%s", d)
+			}
+			if o := <-outcomes; o.Decision != "unmetered" || o.Reserved != 0 {
+				t.Errorf("outcome %+v, want unmetered with nothing reserved", o)
+			}
+		})
 	}
 }

@@ -69,9 +69,11 @@ func (p *processor) responseHeaders(h *extprocv3.HttpHeaders, send sendFunc) err
 		}},
 	}
 	if h.GetEndOfStream() {
+		// A response without body (§2.4): this is its last answer, which
+		// carries what the settlement charges.
 		p.ended()
-	}
-	if p.st.res != nil {
+		resp.DynamicMetadata = p.finalMetadata()
+	} else if p.st.res != nil {
 		resp.DynamicMetadata = p.metadata(false)
 	}
 	if err := send(resp); err != nil {
@@ -151,18 +153,7 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 		return p.passOn(chunk, eos)
 	case seen.cut: // STREAMED mode after a cut-off: the client already has its end
 		p.resp.framer.Feed(chunk)
-		for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
-			p.observeAfterCut(ev)
-		}
-		if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
-			p.resp.framer.Flush() // unbounded: its usage is lost
-		}
-		if eos {
-			if tail := p.resp.framer.Flush(); len(tail) > 0 {
-				p.observeAfterCut(tail)
-			}
-			p.ended()
-		}
+		p.readAfterCut(eos)
 		err := send(p.bodyAnswer(nil, true, eos))
 		if err == nil && eos {
 			p.settle()
@@ -172,7 +163,7 @@ func (p *processor) responseBody(b *extprocv3.HttpBody, send sendFunc) error {
 	p.growOut(len(chunk) + len(p.resp.framer.Pending()))
 	p.resp.framer.Feed(chunk)
 	if p.observeChunk(eos) {
-		return p.cutOff(send)
+		return p.cutOff(eos, send)
 	}
 	if eos {
 		p.ended()
@@ -323,6 +314,24 @@ func (p *processor) observe(ev []byte) bool {
 	return false
 }
 
+// readAfterCut reads, in STREAMED mode after a cut-off, the events the
+// upstream still sends (it runs on to its end) for the usage they report,
+// which is what the provider bills; at the end of the stream its tail too.
+func (p *processor) readAfterCut(eos bool) {
+	for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
+		p.observeAfterCut(ev)
+	}
+	if len(p.resp.framer.Pending()) > p.s.cfg.MaxEventBytes {
+		p.resp.framer.Flush() // unbounded: its usage is lost
+	}
+	if eos {
+		if tail := p.resp.framer.Flush(); len(tail) > 0 {
+			p.observeAfterCut(tail)
+		}
+		p.ended()
+	}
+}
+
 func (p *processor) observeAfterCut(ev []byte) {
 	e, err := p.resp.stream.Observe(ev)
 	if err != nil {
@@ -408,22 +417,29 @@ func (p *processor) deliveredUsage() provider.Usage {
 	return u
 }
 
-// cutOff ends the stream now (S14): the tail is dropped, the closing events
-// are sent. In FULL_DUPLEX_STREAMED they go in one streamed_response with
-// end_of_stream, which makes Envoy end the response and reset the upstream.
-// In STREAMED they replace this chunk and later chunks are cleared (the
-// upstream runs on; see docs/envoy.md).
-func (p *processor) cutOff(send sendFunc) error {
+// cut marks the stream cut off at a hard budget (S14): the event in
+// flight is dropped and the closing events follow what is forwarded.
+func (p *processor) cut() {
 	p.seeing(func(s *progress) { s.cut = true })
 	p.resp.out = append(p.resp.out, p.resp.stream.Close(p.deliveredUsage())...)
 	p.logAt(slog.LevelInfo, "stream cut off at hard budget", "delivered_tokens", p.resp.delivered, "counted_tokens", p.st.output.Load())
+}
+
+// cutOff ends the stream now (S14), in the chunk that ends the upstream's
+// stream when eos. In FULL_DUPLEX_STREAMED the closing events go in one
+// streamed_response with end_of_stream, which makes Envoy end the response
+// and reset the upstream. In STREAMED they replace this chunk and later
+// chunks are cleared (the upstream runs on; see docs/envoy.md); in the
+// last chunk, its answer is the request's last and carries the settlement.
+func (p *processor) cutOff(eos bool, send sendFunc) error {
+	p.cut()
 	if !p.duplex() {
-		// The upstream runs on: keep reading what it sends for its usage,
-		// which is what the provider bills.
-		for ev, ok := p.resp.framer.Next(); ok; ev, ok = p.resp.framer.Next() {
-			p.observeAfterCut(ev)
+		p.readAfterCut(eos)
+		err := send(p.bodyAnswer(p.resp.out, true, eos))
+		if err == nil && eos {
+			p.settle()
 		}
-		return send(p.bodyAnswer(p.resp.out, true, false))
+		return err
 	}
 	p.done = true
 	err := p.sendStreamed(p.resp.out, true)
@@ -431,12 +447,17 @@ func (p *processor) cutOff(send sendFunc) error {
 	return err
 }
 
+// responseTrailers answers the response's trailers, which end it (§2.3).
+// In FULL_DUPLEX_STREAMED mode the tail held back goes first, read as the
+// stream's last event: a cut-off there sends the closing events instead,
+// without end_of_stream, since the trailers answer is what follows the
+// last body answer (§5.2).
 func (p *processor) responseTrailers(send sendFunc) error {
 	if p.duplex() && !p.st.seen.cut {
 		p.growOut(len(p.resp.framer.Pending()))
 		if p.st.seen.sse {
 			if tail := p.resp.framer.Flush(); len(tail) > 0 && p.observe(tail) {
-				return p.cutOff(send)
+				p.cut()
 			}
 		}
 		if len(p.resp.out) > 0 {
@@ -505,16 +526,33 @@ func (p *processor) finalMetadata() *structpb.Struct {
 	return p.metadata(true)
 }
 
-func (p *processor) readUsage() {
+// readUsage reads the usage of a non-streamed body kept whole (keepBody),
+// and reports whether the body is one whole JSON answer.
+func (p *processor) readUsage() bool {
 	if p.st.res == nil || len(p.resp.body) == 0 || p.resp.encoded || p.resp.bodyDropped {
-		return
+		return false
 	}
 	u, ok, err := provider.ParseUsage(p.req.count.API, p.resp.body)
 	if err != nil {
 		p.logAt(slog.LevelDebug, "response usage unreadable", "err", err)
-		return
+		return false
 	}
 	p.seeing(func(s *progress) { s.usage, s.usageOK, s.usageFinal, s.outputReported = u, ok, ok, ok })
 	p.resp.model = provider.ResponseModel(p.req.count.API, p.resp.body)
 	p.resp.body = nil
+	return true
+}
+
+// readUnended reads, when the side stream ends, a non-streamed answer that
+// never showed its end. Trailers that Envoy does not send (trailer mode
+// SKIP) end a body without an end_of_stream message (§2.3): a body that
+// parses whole is the complete answer, and is settled as one, by the usage
+// it reports. One that does not, cut short by the client's going, is not.
+func (p *processor) readUnended() {
+	if p.st.seen.sse || p.st.seen.eos || p.st.seen.status == 0 {
+		return
+	}
+	if p.readUsage() {
+		p.ended()
+	}
 }

@@ -554,6 +554,47 @@ func TestScenario16Trailers(t *testing.T) {
 	}
 }
 
+// §2.3, §5.2 step 5: in FULL_DUPLEX_STREAMED mode response trailers are
+// answered with a TrailersResponse after the last body answer, every body
+// answer having end_of_stream false. A cut-off (S14) decided on the tail
+// that the trailers end (an event without its blank line) keeps that
+// shape: the closing events without end_of_stream, then the trailers
+// answer, which carries the settlement.
+func TestDuplexCutOffAtTrailersAnswersTheTrailers(t *testing.T) {
+	pol := Policy{Name: "p", MaxOutputTokens: 2, Buckets: []BucketRule{{Name: "g", Limit: buckets.Limit{Capacity: 1e6, Rate: 1e-9}}}}
+	s, outcomes := policyServer(t, pol, &fakeCounter{input: 10, allowance: 100}, 1<<20)
+	answers := drive(t, s, []*extprocv3.ProcessingRequest{
+		reqHeadersMsg(buffered, duplex, chatPath),
+		reqBodyMsg(`{"model":"m","stream":true,"max_tokens":50,"messages":[]}`, true),
+		respHeadersMsg("200", "text/event-stream", false),
+		respBodyMsg(string(sse(chatChunk("a"), chatChunk("b")))+"data: "+chatChunk("c"), false),
+		respTrailersMsg(),
+	})
+	last := answers[4]
+	if len(last) == 0 || last[len(last)-1].GetResponseTrailers() == nil {
+		t.Fatalf("the response trailers got no TrailersResponse as their last answer: %v", last)
+	}
+	var closing string
+	for _, a := range last {
+		if sr := a.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr != nil {
+			if sr.GetEndOfStream() {
+				t.Errorf("a body answer with end_of_stream before the trailers answer: %q", sr.GetBody())
+			}
+			closing += string(sr.GetBody())
+		}
+	}
+	if !strings.Contains(closing, `"finish_reason":"length"`) || !strings.HasSuffix(closing, "data: [DONE]\n\n") || strings.Contains(closing, `"content":"c"`) {
+		t.Errorf("sent at the trailers %q, want the closing events without the event over the cap", closing)
+	}
+	md := last[len(last)-1].GetDynamicMetadata()
+	if v, ok := md.GetFields()["tokengate"].GetStructValue().GetFields()["settled_tokens"]; !ok || v.GetNumberValue() != 13 {
+		t.Errorf("the trailers answer's metadata %v, want settled_tokens 13", md)
+	}
+	if o := <-outcomes; !o.CutOff || o.SettleOutcome != "cut_off" || o.Settled != 10+3 {
+		t.Errorf("outcome %+v, want cut off with the prompt and the 3 tokens counted settled", o)
+	}
+}
+
 // S12: waiting is bounded: with one request already waiting and MaxQueue 1,
 // the next one short of tokens is refused at once.
 func TestWaitingQueueBounded(t *testing.T) {

@@ -81,6 +81,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		return err
 	}
 	st := &streamLoop{s: s, p: p, stream: stream, end: make(chan error, 1)}
+	p.receiveAhead = st.receiveAhead
 	st.heard.Store(time.Now().UnixNano())
 	s.loops.run(st.run)
 	idle := time.NewTimer(s.cfg.StreamIdleTimeout)
@@ -116,6 +117,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 // end) or the error. Once Process has given the stream up as idle (state
 // over), the loop touches nothing of the processor again, which Process
 // then finishes.
+//
+// While its processor waits for tokens, and only then, a receive runs on a
+// goroutine of its own (receiveAhead), so that the wait sees the stream
+// end; the loop then takes what that receive got instead of receiving
+// itself, and the stream has one receiver at a time.
 type streamLoop struct {
 	s      *Server
 	p      *processor
@@ -123,18 +129,27 @@ type streamLoop struct {
 	end    chan error // buffered: Process may have returned
 	state  atomic.Int32
 	heard  atomic.Int64 // when the last message arrived, in Unix nanoseconds
+	ahead  *received    // the receive receiveAhead started, until the loop takes it
+}
+
+// received is what a receive started by receiveAhead got: once done is
+// closed, the message or the error that ended the stream.
+type received struct {
+	done chan struct{}
+	req  *extprocv3.ProcessingRequest
+	err  error
 }
 
 // The states of a streamLoop.
 const (
-	waiting int32 = iota // in Recv
+	waiting int32 = iota // in Recv, or waiting for the receive started ahead
 	busy                 // handling a message
 	over                 // given up by Process
 )
 
 func (l *streamLoop) run() {
 	for {
-		req, err := l.stream.Recv()
+		req, err := l.receive()
 		if !l.state.CompareAndSwap(waiting, busy) {
 			return
 		}
@@ -156,6 +171,34 @@ func (l *streamLoop) run() {
 		}
 		l.state.Store(waiting)
 	}
+}
+
+// receive returns the stream's next message: what the receive started
+// ahead got, once it has, or Recv's.
+func (l *streamLoop) receive() (*extprocv3.ProcessingRequest, error) {
+	if a := l.ahead; a != nil {
+		l.ahead = nil
+		<-a.done
+		return a.req, a.err
+	}
+	return l.stream.Recv()
+}
+
+// receiveAhead starts the stream's next receive on a goroutine of its own,
+// unless one is started already, and returns it. It is called on the
+// loop's goroutine while it handles a message, so it is not in Recv; the
+// receive ends when a message arrives or the stream ends, at the latest
+// when Process returns.
+func (l *streamLoop) receiveAhead() *received {
+	if l.ahead == nil {
+		a := &received{done: make(chan struct{})}
+		l.ahead = a
+		go func() {
+			a.req, a.err = l.stream.Recv()
+			close(a.done)
+		}()
+	}
+	return l.ahead
 }
 
 // finish finishes the processor on the loop's goroutine, whose stack

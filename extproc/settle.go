@@ -315,11 +315,13 @@ func (p *processor) awaitSettlement() {
 }
 
 // finish runs once when the stream ends, on every path: it settles what is
-// still open (an aborted request) and records the request's outcome. It is
-// the one place per request where outcomes are reported.
+// still open (an aborted request, or a non-streamed answer whose end Envoy
+// did not show: readUnended) and records the request's outcome. It is the
+// one place per request where outcomes are reported.
 func (p *processor) finish() {
 	p.releaseOut()
 	p.releaseFramer()
+	p.readUnended()
 	p.settle()
 	p.awaitSettlement()
 	p.st.mu.Lock()
