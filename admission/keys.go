@@ -2,13 +2,11 @@ package admission
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"net/url"
 	"strings"
 
-	"github.com/tokengate/tokengate/tokenizer"
+	"github.com/tokengate/tokengate/internal/identity"
 )
 
 // Bucket and slot keys follow one scheme:
@@ -48,7 +46,7 @@ const (
 	globalPart       = "%2A"
 	anonymousPart    = "!anonymous"
 	noModelPart      = "!none"
-	maxIdentityBytes = 128
+	maxIdentityBytes = identity.MaxPartBytes
 )
 
 func bucketKey(policy, rule, part string) string {
@@ -63,59 +61,24 @@ func bucketKey(policy, rule, part string) string {
 	return b.String()
 }
 
-// identityPart is the key part of an identity value: escaped, or hashed
-// when long.
-func identityPart(v string) string {
-	if e := url.QueryEscape(v); len(e) <= maxIdentityBytes {
-		return e
-	}
-	return "!" + hashIdentity(v)
-}
+// identityPart is the key part of an identity value (identity.Part).
+func identityPart(v string) string { return identity.Part(v) }
 
-func hashIdentity(v string) string {
-	sum := sha256.Sum256([]byte(v))
-	return "h." + hex.EncodeToString(sum[:16])
-}
+func hashIdentity(v string) string { return identity.Hash(v) }
 
-// Credential is a header value as tokengate reads a credential: without
-// surrounding space and without a bearer scheme, whose name is
-// case-insensitive (RFC 7235), which bearer reports. Identities are metered
-// in this form; the admin API reads its token so.
-func Credential(v string) (value string, bearer bool) {
-	v = strings.TrimSpace(v)
-	if strings.HasPrefix(strings.ToLower(v), "bearer ") {
-		return strings.TrimSpace(v[len("bearer "):]), true
-	}
-	return v, false
-}
+// Credential is a header value as tokengate reads a credential
+// (identity.Credential).
+func Credential(v string) (value string, bearer bool) { return identity.Credential(v) }
 
 // IdentityKey is the form an identity's value takes in store keys and in
-// override keys (OverrideKey.Identity): read as a request's value is read
-// (surrounding space and a bearer scheme dropped), hashed when hash is set
-// (S9a) so that raw API keys never reach the store, and escaped (or hashed
-// when long). It is "" for a blank value.
-func IdentityKey(value string, hash bool) string {
-	v, _ := Credential(value)
-	if v == "" {
-		return ""
-	}
-	if hash {
-		v = hashIdentity(v)
-	}
-	return identityPart(v)
-}
+// override keys (OverrideKey.Identity; identity.Key): read as a request's
+// value is read, hashed when hash is set (S9a), escaped (or hashed when
+// long). It is "" for a blank value.
+func IdentityKey(value string, hash bool) string { return identity.Key(value, hash) }
 
 // ModelKey is the form a model name takes in the keys of per-model rules
-// and in override keys, as a request naming that model gets it: resolved
-// by tokenizer.ModelKey (case, router prefix, fine-tune and snapshot do not
-// matter), then escaped. It is "" for an empty name.
-func ModelKey(model string) string {
-	m := tokenizer.ModelKey(model)
-	if m == "" {
-		return ""
-	}
-	return identityPart(m)
-}
+// and in override keys (identity.ModelKey). It is "" for an empty name.
+func ModelKey(model string) string { return identity.ModelKey(model) }
 
 // NewID is 128 random bits in unpadded URL-safe base64 (22 characters):
 // reservation IDs are the server's, never the client's. Each lives in

@@ -243,6 +243,10 @@ type Redis struct {
 // it ends.
 const MaxSettleWindow = 100 * time.Millisecond
 
+// MaxBodyBytes is the largest listeners.max_recv_msg_bytes: a request body
+// of 1 GiB, a gRPC receive limit of 2 GiB.
+const MaxBodyBytes = 1 << 30
+
 // Sentinel reaches the master of a Redis Sentinel deployment: the store
 // asks the sentinels at Addrs for the master named Master, and follows it
 // when they fail over. Username and PasswordEnv authenticate to the

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/buckets"
+	"github.com/tokengate/tokengate/internal/identity"
 	"github.com/tokengate/tokengate/pricing"
 )
 
@@ -165,6 +166,17 @@ type OverrideTarget struct {
 	// Hash is true when that identity has hash: true: its values are
 	// stored, and keyed, as digests only.
 	Hash bool
+}
+
+// Key is the form an identity value given by an operator takes in store
+// keys: exactly the form requests' values take (a model by any spelling
+// of it, a credential with or without its bearer scheme, hashed when the
+// identity is).
+func (t OverrideTarget) Key(value string) string {
+	if t.Per == "model" {
+		return identity.ModelKey(value)
+	}
+	return identity.Key(value, t.Hash)
 }
 
 // OverrideTarget says what overrides of rule in policy are keyed by. The
@@ -440,7 +452,7 @@ func (v *validator) validateTiers(path string, p *Policy) {
 
 // validateOverrides checks a policy's overrides.
 func (v *validator) validateOverrides(path string, p *Policy) {
-	seen := map[[3]string]int{}
+	seen := map[[2]string]int{}
 	for i, o := range p.Overrides {
 		op := fmt.Sprintf("%s.overrides[%d]", path, i)
 		if !v.overridable(op, p, o.Rule) {
@@ -453,11 +465,18 @@ func (v *validator) validateOverrides(path string, p *Policy) {
 		case o.IdentityKey != "" && !t.Hash:
 			v.add(join(op, "identity_key"), "only applies to a hashed identity (hash: true); %q is keyed by %q: use identity", o.Rule, t.Per)
 		case o.IdentityKey != "" && !ValidIdentityKey(o.IdentityKey):
-			v.add(join(op, "identity_key"), "%q is not a hashed identity: want h. and 32 hex digits, as tokengate limits get prints it", o.IdentityKey)
+			// Not repeated: a raw API key pasted here is a secret.
+			v.add(join(op, "identity_key"), "is not a hashed identity: want h. and 32 hex digits, as tokengate limits get prints it (a raw value goes in identity)")
 		case o.Identity != "" && strings.TrimSpace(o.Identity) == "":
 			v.add(join(op, "identity"), "is blank")
 		}
-		k := [3]string{o.Rule, o.Identity, o.IdentityKey}
+		// Spellings of one identity (a model's, a credential with its
+		// bearer scheme, a hashed value and its identity_key) are one key.
+		id := o.IdentityKey
+		if id == "" {
+			id = t.Key(o.Identity)
+		}
+		k := [2]string{o.Rule, id}
 		if j, dup := seen[k]; dup {
 			v.add(op, "overrides %q for the same identity as overrides[%d]", o.Rule, j)
 		}

@@ -224,3 +224,101 @@ func FuzzDecodeLimits(f *testing.F) {
 		}
 	})
 }
+
+// Two overrides of one rule for the same identity are refused
+// ("overrides %q for the same identity as overrides[%d]",
+// testdata/invalid/overrides.yaml). docs/operations.md: "An override of a
+// per-model rule names the model as requests do: any spelling of it
+// (GPT-4o, openai/gpt-4o-2024-08-06) is the same model", and an identity is
+// read as requests carry it, "with or without Bearer " (tokengate limits
+// --help): spelled differently, the same identity's two overrides are
+// refused as when spelled alike, not the later one silently in force.
+func TestOverridesOfOneIdentitySpelledTwiceRefused(t *testing.T) {
+	for name, y := range map[string]string{
+		"model spelled twice": `
+policies:
+  - name: default
+    buckets: [{name: per-model, per: model, tokens_per_minute: 600000}]
+    overrides:
+      - {rule: per-model, identity: GPT-4o, tokens_per_minute: 60}
+      - {rule: per-model, identity: gpt-4o, tokens_per_minute: 6000000}
+`,
+		"api key with and without bearer": `
+policies:
+  - name: default
+    identities: [{name: apikey, header: authorization, hash: true}]
+    buckets: [{name: apikey, per: apikey, tokens_per_minute: 6000}]
+    overrides:
+      - {rule: apikey, identity: "Bearer sk-acme", tokens_per_minute: 60}
+      - {rule: apikey, identity: "sk-acme", tokens_per_minute: 6000000}
+`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse("dup.yaml", []byte(y))
+			if err == nil || !strings.Contains(err.Error(), "for the same identity") {
+				t.Errorf("Parse = %v; want overrides[1] refused as the same identity as overrides[0]", err)
+			}
+		})
+	}
+}
+
+// A setting that does not apply is refused, as store.replay_file,
+// store.fleet and a bucket's lease are without the redis store
+// (validateStore, validateLeases; README: decoding is strict), so are Redis
+// settings under the default memory store: a fleet whose operator forgot
+// `type: redis` would run every gateway on its own memory buckets, each
+// admitting the whole limit (S20).
+func TestRedisSettingsWithTheMemoryStoreRefused(t *testing.T) {
+	_, err := Parse("mem.yaml", []byte(`
+store:
+  redis: {addrs: ["redis.internal:6379"], password_env: REDIS_PASSWORD}
+policies:
+  - name: default
+    buckets: [{name: global, tokens_per_minute: 600}]
+`))
+	if err == nil {
+		t.Fatal("Parse accepted store.redis with the memory store (store.type left at its default); want a problem naming store.redis")
+	}
+	if !strings.Contains(err.Error(), "store.redis") {
+		t.Errorf("Parse = %v; want a problem naming store.redis", err)
+	}
+}
+
+// "tokengate hashes a hashed identity before storing it and never stores
+// or logs the raw value" (docs/operations.md, The admin API; STYLE: never
+// keys above debug). A raw API key pasted into identity_key instead of
+// identity is not repeated in the problem, which tokengate validate prints
+// and a reload logs at error level, as the admin API's answer to the same
+// mistake (hashed=true with a raw value) does not repeat it.
+func TestIdentityKeyProblemDoesNotRepeatTheValue(t *testing.T) {
+	const secret = "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"
+	_, err := Parse("keys.yaml", []byte(`
+policies:
+  - name: default
+    identities: [{name: apikey, header: authorization, hash: true}]
+    buckets: [{name: apikey, per: apikey, tokens_per_minute: 6000}]
+    overrides:
+      - {rule: apikey, identity_key: "`+secret+`", tokens_per_minute: 60000}
+`))
+	if err == nil {
+		t.Fatal("Parse accepted a raw key as identity_key")
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Errorf("the problem repeats the raw API key:\n%v", err)
+	}
+}
+
+// listeners.max_recv_msg_bytes is bounded above too: the gRPC receive
+// limit is twice it (README), and an "unlimited" value would wrap it
+// around to a negative limit that refuses every message.
+func TestHugeBodyLimitRefused(t *testing.T) {
+	for _, n := range []string{"1073741825", "4611686018427387905"} {
+		_, err := Parse("big.yaml", []byte("listeners: {max_recv_msg_bytes: "+n+"}\npolicies:\n  - name: default\n    buckets: [{name: global, tokens_per_minute: 600}]\n"))
+		if err == nil || !strings.Contains(err.Error(), "listeners.max_recv_msg_bytes") || !strings.Contains(err.Error(), "at most") {
+			t.Errorf("max_recv_msg_bytes %s: %v, want it refused as above the most", n, err)
+		}
+	}
+	if _, err := Parse("big.yaml", []byte("listeners: {max_recv_msg_bytes: 1073741824}\npolicies:\n  - name: default\n    buckets: [{name: global, tokens_per_minute: 600}]\n")); err != nil {
+		t.Errorf("max_recv_msg_bytes of 1 GiB: %v, want it accepted", err)
+	}
+}

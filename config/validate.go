@@ -344,8 +344,11 @@ func (v *validator) validateListeners(l *Listeners) {
 			}
 		}
 	}
-	if l.MaxRecvMsgBytes < 1<<20 {
+	switch {
+	case l.MaxRecvMsgBytes < 1<<20:
 		v.add("listeners.max_recv_msg_bytes", "must be at least 1048576 (a BUFFERED request body travels as one message), got %d", l.MaxRecvMsgBytes)
+	case l.MaxRecvMsgBytes > MaxBodyBytes:
+		v.add("listeners.max_recv_msg_bytes", "must be at most %d (1 GiB; the gRPC receive limit is twice it, and a gRPC message is at most 4 GiB), got %d", MaxBodyBytes, l.MaxRecvMsgBytes)
 	}
 	if l.MaxStreams < 1 {
 		v.add("listeners.max_streams", "must be at least 1, got %d", l.MaxStreams)
@@ -434,6 +437,11 @@ func (v *validator) validateSentinel(r *Redis) {
 func (v *validator) validateStore(s *Store) {
 	switch s.Type {
 	case "memory":
+		if _, given := v.lines["store.redis"]; given {
+			// A fleet whose store is left at memory meters on each
+			// gateway alone: each admits the whole limit (S20).
+			v.add("store.redis", "only applies with store.type: redis; the store is memory, which each gateway keeps for itself")
+		}
 	case "redis":
 		r := &s.Redis
 		switch {
