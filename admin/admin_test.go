@@ -55,9 +55,12 @@ type fixture struct {
 	srv     *httptest.Server
 }
 
-func newFixture(t *testing.T, token string, tls bool) *fixture {
+// newFixture serves an admin Server on the configuration yaml (testConfig
+// unless a test needs another), with the admin token token ("" for none),
+// over TLS when tls.
+func newFixture(t *testing.T, yaml, token string, tls bool) *fixture {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(testConfig))
+	cfg, err := config.Parse("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,4 +218,65 @@ func (f *fixture) usage(t *testing.T, query string) UsageReport {
 		t.Fatal(err)
 	}
 	return rep
+}
+
+// metric is the value of the sample (a metric's name and labels, as
+// /metrics writes them) in f's /metrics, or "" when there is none.
+func (f *fixture) metric(t *testing.T, sample string) string {
+	t.Helper()
+	a := f.get(t, f.srv.Client(), "/metrics", "")
+	if a.status != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %s", a.status, a.body)
+	}
+	for l := range strings.Lines(a.body) {
+		if v, ok := strings.CutPrefix(strings.TrimSuffix(l, "\n"), sample+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// tokengate_limit_overrides{source} counts the overrides in force (README,
+// metrics) by where the one that applies comes from. A stored override of
+// an identity beats the file's of the same identity and rule
+// (docs/operations.md, Overrides in the store): while it is stored, the
+// file's is not in force and not counted; once it is deleted, the file's
+// applies again.
+func TestOverridesInForceCountsWhatApplies(t *testing.T) {
+	f := newFixture(t, `
+store: {type: memory}
+policies:
+  - name: default
+    identities: [{name: team, header: x-team}]
+    buckets: [{name: team, per: team, tokens_per_minute: 6000}]
+    overrides:
+      - {rule: team, identity: acme, tokens_per_minute: 60000}
+`, testToken, false)
+	steps := []struct {
+		method, path, body string
+		file, store        string
+	}{
+		{"", "", "", "1", "0"},
+		{http.MethodPut, "/v1/limits/default/team/acme", `{"tokens_per_minute":120000}`, "0", "1"},
+		{http.MethodPut, "/v1/limits/default/team/globex", `{"tokens_per_minute":120000}`, "0", "2"},
+		{http.MethodDelete, "/v1/limits/default/team/acme", "", "1", "1"},
+	}
+	for i, s := range steps {
+		if s.method != "" {
+			req, err := http.NewRequest(s.method, f.srv.URL+s.path, strings.NewReader(s.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("authorization", "Bearer "+testToken)
+			if a := do(t, f.srv.Client(), req); a.status != http.StatusOK {
+				t.Fatalf("step %d: %s %s: %d %s", i, s.method, s.path, a.status, a.body)
+			}
+		}
+		file := f.metric(t, `tokengate_limit_overrides{source="file"}`)
+		store := f.metric(t, `tokengate_limit_overrides{source="store"}`)
+		if file != s.file || store != s.store {
+			t.Errorf("step %d (%s %s): overrides in force from the file %q, from the store %q; want %s and %s",
+				i, s.method, s.path, file, store, s.file, s.store)
+		}
+	}
 }

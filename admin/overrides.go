@@ -113,10 +113,12 @@ func (l *liveLimits) run(ctx context.Context, every time.Duration) {
 
 // applyLocked builds the table of overrides in force and gives it to the
 // gateway. A stored override that the configuration no longer allows (its
-// rule was removed or changed kind) is left out and logged.
+// rule was removed or changed kind) is left out and logged. The overrides
+// in force are counted by where each comes from: a file override that a
+// stored one replaced is not in force.
 func (l *liveLimits) applyLocked() {
 	table := extproc.Overrides{}
-	file := 0
+	source := map[extproc.OverrideKey]string{}
 	for _, p := range l.cfg.Policies {
 		for _, o := range p.Overrides {
 			t, err := l.cfg.OverrideTarget(p.Name, o.Rule)
@@ -131,11 +133,10 @@ func (l *liveLimits) applyLocked() {
 			if id == "" {
 				id = IdentityKey(t, o.Identity)
 			}
-			table[extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}] = ov
-			file++
+			k := extproc.OverrideKey{Policy: p.Name, Rule: o.Rule, Identity: id}
+			table[k], source[k] = ov, metrics.OverridesFromFile
 		}
 	}
-	stored := 0
 	for k, raw := range l.stored.Values {
 		lim, err := config.DecodeLimits(raw)
 		if err == nil {
@@ -150,24 +151,23 @@ func (l *liveLimits) applyLocked() {
 				"policy", k.Policy, "rule", k.Rule, "err", err)
 			continue
 		}
-		table[extproc.OverrideKey(k)] = ov
-		stored++
+		key := extproc.OverrideKey(k)
+		table[key], source[key] = ov, metrics.OverridesFromStore
 	}
 	l.gateway.SetOverrides(table)
 	if l.also != nil {
 		l.also(table)
 	}
-	l.metrics.OverridesInForce(file, stored)
+	inForce := map[string]int{}
+	for _, from := range source {
+		inForce[from]++
+	}
+	l.metrics.OverridesInForce(inForce[metrics.OverridesFromFile], inForce[metrics.OverridesFromStore])
 }
 
 // IdentityKey is the form an identity value given by an operator takes in
-// store keys: exactly the form requests' values take (extproc).
-func IdentityKey(t config.OverrideTarget, value string) string {
-	if t.Per == "model" {
-		return extproc.ModelKey(value)
-	}
-	return extproc.IdentityKey(value, t.Hash)
-}
+// store keys: exactly the form requests' values take (OverrideTarget.Key).
+func IdentityKey(t config.OverrideTarget, value string) string { return t.Key(value) }
 
 // OverrideOf maps validated limits onto the gateway's terms
 // (admission.OverrideOf).

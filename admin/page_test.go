@@ -19,7 +19,7 @@ import (
 // token is refused at sign-in and gets no cookie; without a configured
 // token there is no page and no sign-in.
 func TestBudgetPageWithoutTheTokenShowsNoData(t *testing.T) {
-	f := newFixture(t, testToken, false)
+	f := newFixture(t, testConfig, testToken, false)
 	f.spend(t, "team-monthly", "acme", 12_500_000)
 	c := f.client(t)
 	for _, tc := range []struct{ name, auth, cookie string }{
@@ -54,7 +54,7 @@ func TestBudgetPageWithoutTheTokenShowsNoData(t *testing.T) {
 		t.Errorf("after failed sign-ins GET /budget = %d, want 303", a.status)
 	}
 
-	off := newFixture(t, "", false)
+	off := newFixture(t, testConfig, "", false)
 	if a := off.get(t, c, pagePath, "Bearer "+testToken); a.status != http.StatusForbidden || !strings.Contains(a.body, "admin_api.token_env") {
 		t.Errorf("GET /budget without a configured token: %d %q, want 403 naming admin_api.token_env", a.status, a.body)
 	}
@@ -69,7 +69,7 @@ func TestBudgetPageWithoutTheTokenShowsNoData(t *testing.T) {
 // on the server too: the old cookie no longer opens the page.
 func TestSignInCookieIsHttpOnlyStrictAndSignOutEndsIt(t *testing.T) {
 	for _, tls := range []bool{false, true} {
-		f := newFixture(t, testToken, tls)
+		f := newFixture(t, testConfig, testToken, tls)
 		f.spend(t, "team-monthly", "acme", 12_500_000)
 		c := f.client(t)
 		a := f.signIn(t, c, "  "+testToken+"\n") // pasted with space around it
@@ -111,7 +111,7 @@ func TestSignInCookieIsHttpOnlyStrictAndSignOutEndsIt(t *testing.T) {
 // sign-in from another site gets no cookie, and a sign-out from another
 // site does not end the session.
 func TestSignInAndOutRefuseCrossOriginPosts(t *testing.T) {
-	f := newFixture(t, testToken, false)
+	f := newFixture(t, testConfig, testToken, false)
 	c := f.client(t)
 	if a := f.signIn(t, c, testToken); a.status != http.StatusSeeOther {
 		t.Fatalf("sign-in: %d", a.status)
@@ -180,7 +180,7 @@ func TestSessionsExpireAndAreBounded(t *testing.T) {
 // the limit comes from; hashed identities hashed, never raw; every value
 // escaped; the refusals this gateway counted. It has no script.
 func TestBudgetPageShowsTopSpendersAsTheUsageReportHas(t *testing.T) {
-	f := newFixture(t, testToken, false)
+	f := newFixture(t, testConfig, testToken, false)
 	alice, bob, carol := extproc.IdentityKey("sk-alice", true), extproc.IdentityKey("sk-bob", true), extproc.IdentityKey("sk-carol", true)
 	f.spend(t, "key-daily", alice, 600)
 	f.spend(t, "key-daily", bob, 1200)
@@ -269,6 +269,34 @@ func TestBudgetPageShowsTopSpendersAsTheUsageReportHas(t *testing.T) {
 	}
 	if a := f.get(t, c, pagePath+"?top=0", ""); a.status != http.StatusBadRequest {
 		t.Errorf("top=0: %d, want 400", a.status)
+	}
+}
+
+// "Refused on this gateway" lists the requests this gateway refused, by
+// decision (docs/operations.md, The budget page): not those it let on,
+// admitted or passed unmetered (a GET without a body).
+func TestBudgetPageListsOnlyRefusals(t *testing.T) {
+	f := newFixture(t, testConfig, testToken, false)
+	for _, o := range []extproc.Outcome{
+		{Policy: "teams", Decision: "unmetered"},
+		{Policy: "teams", Decision: "unmetered"},
+		{Policy: "teams", Decision: "admitted"},
+		{Policy: "teams", Decision: "refused_tokens"},
+		{Policy: "teams", Decision: "bad_request"},
+		{Policy: "plain", Decision: "unmetered"},
+	} {
+		f.metrics.Finish(o)
+	}
+	a := f.get(t, f.srv.Client(), pagePath, "Bearer "+testToken)
+	if a.status != http.StatusOK {
+		t.Fatalf("GET /budget: %d %s", a.status, a.body)
+	}
+	want := map[string]map[string]string{
+		"teams": {"refused_tokens": "1", "bad_request": "1"},
+		"plain": {},
+	}
+	if d := cmp.Diff(want, parsePage(t, a.body).refusals); d != "" {
+		t.Errorf("refused on this gateway (-want +got):\n%s", d)
 	}
 }
 

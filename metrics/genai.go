@@ -95,7 +95,7 @@ func (g genAI) collectors() []prometheus.Collector {
 
 // finish observes one request that reached the upstream.
 func (g genAI) finish(o extproc.Outcome) {
-	if o.Status == 0 || o.API == "" || o.Decision != "admitted" && o.Decision != "unmetered" {
+	if o.Status == 0 || o.API == "" || refuses[o.Decision] {
 		return
 	}
 	ok := o.Status >= 200 && o.Status < 300

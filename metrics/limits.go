@@ -37,7 +37,7 @@ func newLimitMetrics() limitMetrics {
 		}, []string{"result"}),
 		overrides: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tokengate_limit_overrides",
-			Help: "Per-identity limit overrides in force, by where they come from: file (the configuration) or store (the admin API).",
+			Help: "Per-identity limit overrides in force, by where they come from: file (the configuration) or store (the admin API), which replaces the file's override of the same identity and rule.",
 		}, []string{"source"}),
 		overrideErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokengate_limit_overrides_read_errors_total",

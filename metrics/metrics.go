@@ -487,12 +487,31 @@ func (l *Lender) Lease(ctx context.Context, ops []buckets.LeaseOp) error {
 	return err
 }
 
+// refuses says, of every decision extproc reports (extproc.Outcome.Decision),
+// whether it refused the request: admitted and unmetered let the request on
+// to the upstream; the others answered it in the upstream's place
+// (docs/budgets.md, Every exit of a request). It is the one list of which
+// decisions are refusals: the budget page lists only these, and the GenAI
+// metrics observe only the others.
+var refuses = map[string]bool{
+	"admitted":         false,
+	"unmetered":        false,
+	"refused_tokens":   true,
+	"refused_requests": true,
+	"refused_budget":   true,
+	"never_admissible": true,
+	"bad_request":      true,
+	"unauthorized":     true,
+	"store_error":      true,
+}
+
 // Refusals is what this gateway refused since it started, read back from
 // its own counters: the store keeps spend, not refusals, and each gateway
 // of a fleet counts its own. A budget page shows them beside the spend.
 type Refusals struct {
 	// Decisions maps policy to decision to requests, for every decision
-	// but admitted (tokengate_requests_total).
+	// that refused the request (tokengate_requests_total): not admitted,
+	// not unmetered.
 	Decisions map[string]map[string]int
 	// Quotas maps policy to quota to the requests it refused
 	// (tokengate_quota_exhausted_total).
@@ -502,14 +521,14 @@ type Refusals struct {
 // Refusals reads the refusals counted so far.
 func (m *Metrics) Refusals() Refusals {
 	return Refusals{
-		Decisions: counts(m.requests, "decision", "admitted"),
-		Quotas:    counts(m.exhausted, "quota", ""),
+		Decisions: counts(m.requests, "decision", func(d string) bool { return refuses[d] }),
+		Quotas:    counts(m.exhausted, "quota", func(q string) bool { return q != "" }),
 	}
 }
 
 // counts reads a counter labelled policy and label, by policy and label,
-// leaving out the label value skip.
-func counts(v *prometheus.CounterVec, label, skip string) map[string]map[string]int {
+// keeping the label values that keep accepts.
+func counts(v *prometheus.CounterVec, label string, keep func(string) bool) map[string]map[string]int {
 	ch := make(chan prometheus.Metric, 64)
 	go func() {
 		v.Collect(ch)
@@ -530,7 +549,7 @@ func counts(v *prometheus.CounterVec, label, skip string) map[string]map[string]
 				value = l.GetValue()
 			}
 		}
-		if value == skip {
+		if !keep(value) {
 			continue
 		}
 		if out[policy] == nil {

@@ -3,6 +3,9 @@ package metrics
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -189,12 +192,16 @@ tokengate_quota_exhausted_total{policy="teams",quota="team-monthly"} 2
 	}
 }
 
-// Refusals reads back what the counters hold: every decision but
-// admitted by policy, and the quotas that refused, for the budget page.
+// Refusals reads back what the counters hold: the decisions that refused
+// a request, by policy, and the quotas that refused, for the budget page.
+// A request admitted or passed unmetered was not refused.
 func TestRefusalsReadBackFromTheCounters(t *testing.T) {
 	m := New(prometheus.NewRegistry(), Options{})
 	for _, o := range []extproc.Outcome{
 		{Policy: "teams", Decision: "admitted", Reserved: 10, Settled: 10},
+		{Policy: "teams", Decision: "unmetered"},
+		{Policy: "demo", Decision: "unmetered"},
+		{Policy: "demo", Decision: "bad_request"},
 		{Policy: "teams", Decision: "refused_budget", Budget: "team-monthly"},
 		{Policy: "teams", Decision: "refused_budget", Budget: "team-monthly"},
 		{Policy: "teams", Decision: "never_admissible", Budget: "key-daily"},
@@ -206,12 +213,49 @@ func TestRefusalsReadBackFromTheCounters(t *testing.T) {
 	want := Refusals{
 		Decisions: map[string]map[string]int{
 			"teams": {"refused_budget": 2, "never_admissible": 1, "refused_tokens": 1},
-			"demo":  {"refused_tokens": 1},
+			"demo":  {"refused_tokens": 1, "bad_request": 1},
 		},
 		Quotas: map[string]map[string]int{"teams": {"team-monthly": 2, "key-daily": 1}},
 	}
 	if d := cmp.Diff(want, m.Refusals()); d != "" {
 		t.Errorf("Refusals (-want +got):\n%s", d)
+	}
+}
+
+// Every decision extproc sets is in refuses, said to be a refusal or not,
+// and refuses names no decision extproc no longer sets: a new decision
+// cannot reach the budget page's refusals, or leave them, unnoticed.
+func TestRefusesKnowsEveryDecision(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "extproc", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := regexp.MustCompile(`\.decision = "([a-z_]+)"`)
+	seen := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range set.FindAllStringSubmatch(string(src), -1) {
+			seen[m[1]] = true
+		}
+	}
+	if len(seen) == 0 {
+		t.Fatalf("found no decision set in %v", files)
+	}
+	for d := range seen {
+		if _, ok := refuses[d]; !ok {
+			t.Errorf("extproc sets decision %q, which refuses does not classify", d)
+		}
+	}
+	for d := range refuses {
+		if !seen[d] {
+			t.Errorf("refuses classifies %q, which extproc never sets", d)
+		}
 	}
 }
 
