@@ -75,6 +75,26 @@ func TestAnthropicOneHourCacheWritesPricedAtTheExtendedRate(t *testing.T) {
 			t.Errorf("charged %v micro-dollars; Anthropic bills %d", got, billed)
 		}
 	})
+	t.Run("stream ended by an error", func(t *testing.T) {
+		// No final count: the prompt as message_start reported it, on
+		// its cache split, one-hour writes included (docs/budgets.md, a
+		// stream that ended without the provider's final count).
+		start := `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-opus-5","content":[],` +
+			`"stop_reason":null,` + usage + `}}`
+		u := &upstream{Chunks: [][]byte{
+			anthropicEvent("message_start", start),
+			anthropicEvent("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`),
+			anthropicEvent("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}`),
+			anthropicEvent("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`),
+		}}
+		r := moneyRig(t, u, rigOptions{mode: streamedMode()})
+		if resp, _ := r.post(t, "/v1/messages", `{"model":"claude-opus-5","max_tokens":100,"stream":true,"messages":[]}`, nil); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		if got := charged(t, r.outcome(t)); got != billed {
+			t.Errorf("charged %v micro-dollars; Anthropic bills %d (the writes at the one-hour rate)", got, billed)
+		}
+	})
 }
 
 // anthropicEvent is one event of an Anthropic stream.
@@ -303,4 +323,36 @@ func TestAutoTierWithoutAFastPriceReservesStandard(t *testing.T) {
 		t.Errorf("priority by name without a fast price: %d %s; want 400 unpriced_model", resp.StatusCode, text)
 	}
 	r.outcome(t)
+}
+
+// Azure OpenAI serves and bills the deployment the path names, whatever
+// model the body names: a deployment the price table names (an alias,
+// docs/budgets.md "Prices") prices the request, so a client cannot buy a
+// dear deployment at a cheap model's price by naming it in the body.
+// 100 prompt and 10 output tokens at $10 and $50 per million: 1,500
+// micro-dollars.
+func TestAzureDeploymentPricesTheRequest(t *testing.T) {
+	prices, err := pricing.Defaults().Merge([]pricing.Entry{
+		{Model: "gpt-4o-mini", Input: "0.10", Output: "0.40"},
+		{Model: "dear-model", Aliases: []string{"prod-eu"}, Input: "10.00", Output: "50.00"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"id":"chatcmpl-1","object":"chat.completion","model":"dear-model","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":100,"completion_tokens":10,"total_tokens":110}}`
+	for path, want := range map[string]float64{
+		"/openai/deployments/prod-eu/chat/completions?api-version=2024-10-21": 100*10 + 10*50,
+		// A deployment the table does not name: the body's model prices it.
+		"/openai/deployments/other/chat/completions?api-version=2024-10-21": 100*0.10 + 10*0.40,
+	} {
+		u := &upstream{ContentType: "application/json", Chunks: [][]byte{[]byte(body)}}
+		r := moneyRig(t, u, rigOptions{prices: prices, tokenizer: realCounter(t)})
+		if resp, out := r.post(t, path, `{"model":"gpt-4o-mini","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`, nil); resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d %s", path, resp.StatusCode, out)
+		}
+		if got := charged(t, r.outcome(t)); got != want {
+			t.Errorf("%s: charged %v micro-dollars, want %v", path, got, want)
+		}
+	}
 }

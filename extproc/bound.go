@@ -23,7 +23,7 @@ func (p *processor) usageBound() provider.Usage {
 	c := p.req.count
 	window, output := cfg.UsageContextWindow, cfg.UsageMaxOutputTokens
 	if cfg.Prices != nil {
-		if price, ok := cfg.Prices.Price(c.Model); ok {
+		if price, ok := cfg.Prices.Price(p.priceModel(c)); ok {
 			window = cmp.Or(price.ContextWindow, window)
 			output = cmp.Or(price.MaxOutputTokens, output)
 		}

@@ -32,9 +32,23 @@ func (p *processor) maxMoney() (money, perToken float64) {
 	return admission.MaxMoney(p.req.price, p.req.count.InputTokens, p.req.allowance)
 }
 
-// priceOf is the price request c is reserved at (admission.PriceOf).
+// priceOf is the price request c is reserved at (admission.PriceOf), the
+// price of its priceModel.
 func (p *processor) priceOf(c tokenizer.Count) (pricing.Price, error) {
-	return admission.PriceOf(p.s.cfg.Prices, c.Model, c.ServiceTier)
+	return admission.PriceOf(p.s.cfg.Prices, p.priceModel(c), c.ServiceTier)
+}
+
+// priceModel is the model request c is priced by: an Azure deployment the
+// price table names (an alias of its model), as Azure bills the
+// deployment whatever the body's model says; else the model the request
+// names.
+func (p *processor) priceModel(c tokenizer.Count) string {
+	if c.Deployment != "" && p.s.cfg.Prices != nil {
+		if _, ok := p.s.cfg.Prices.Price(c.Deployment); ok {
+			return c.Deployment
+		}
+	}
+	return c.Model
 }
 
 // billed is the usage u as the provider billed it: at the tier its answer

@@ -151,8 +151,10 @@ func (p *processor) soFar() provider.Usage {
 	r := s.usage
 	if r.InputTokens > 0 {
 		u.InputTokens, u.CachedInputTokens, u.CacheCreationInputTokens = r.InputTokens, r.CachedInputTokens, r.CacheCreationInputTokens
+		u.CacheCreationExtendedInputTokens, u.AudioInputTokens = r.CacheCreationExtendedInputTokens, r.AudioInputTokens
 	}
-	u.OutputTokens, u.ReasoningTokens = max(u.OutputTokens, r.OutputTokens), r.ReasoningTokens
+	u.OutputTokens, u.ReasoningTokens, u.AudioOutputTokens = max(u.OutputTokens, r.OutputTokens), r.ReasoningTokens, r.AudioOutputTokens
+	u.ServiceTier = r.ServiceTier
 	return u
 }
 

@@ -73,7 +73,12 @@ type Count struct {
 	// characters outside [a-z0-9._:-] are replaced by a hash, so a client
 	// cannot grow a key. Empty when the request names no model.
 	ModelKey string
-	Encoding string
+	// Deployment is the Azure OpenAI deployment the path names
+	// (/openai/deployments/NAME/…) when Request.Model is empty: Azure
+	// serves and bills the deployment's model, whatever the body's model
+	// says.
+	Deployment string
+	Encoding   string
 	// Fallback is true when the model was unknown and the configured
 	// fallback encoding was used.
 	Fallback bool

@@ -120,7 +120,7 @@ func TestCount(t *testing.T) {
 			req:  Request{Path: "/openai/deployments/gpt-35-turbo/chat/completions?api-version=2024-06-01", Body: []byte(`{"messages":[{"role":"user","content":"Hello"}],"max_tokens":7}`)},
 			want: Count{API: ChatCompletions, Model: "gpt-35-turbo", Encoding: Cl100kBase, Exact: true, InputTokens: 3 + 1 + hello(Cl100kBase) + 3,
 				OutputCap: 7, OutputAllowance: 7, AllowanceSource: FromRequest,
-				ModelKey: "gpt-35-turbo", Choices: 1, ChoiceAllowance: 7, CapFields: []string{"max_tokens"}, AddCapField: "max_completion_tokens", CapFloor: 1},
+				ModelKey: "gpt-35-turbo", Deployment: "gpt-35-turbo", Choices: 1, ChoiceAllowance: 7, CapFields: []string{"max_tokens"}, AddCapField: "max_completion_tokens", CapFloor: 1},
 		},
 		{
 			name: "legacy completions default to 16 output tokens per prompt",

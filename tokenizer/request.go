@@ -298,9 +298,9 @@ func (c *Counter) count(req Request, pre *Precount) (res Count, err error) {
 			model, modelSource = pathModel, "the path"
 		}
 	}
-	keyModel := model
+	keyModel, deployment := model, ""
 	if d := deploymentFromPath(req.Path); d != "" && req.Model == "" {
-		keyModel = d // Azure bills and rate-limits the deployment
+		keyModel, deployment = d, d // Azure bills and rate-limits the deployment
 	}
 	fam := familyOf(normalizeModel(model))
 	switch api {
@@ -330,7 +330,7 @@ func (c *Counter) count(req Request, pre *Precount) (res Count, err error) {
 	defer c.putWorker(w)
 	t := &tally{v: v, w: w, model: normalizeModel(model), fam: fam, pre: pre}
 
-	out := Count{API: api, Model: model, ModelKey: modelKey(keyModel), Encoding: enc, Fallback: fallback,
+	out := Count{API: api, Model: model, ModelKey: modelKey(keyModel), Deployment: deployment, Encoding: enc, Fallback: fallback,
 		Exact: fam == familyOpenAI, Choices: 1, CapFloor: 1}
 	var caps []capField
 	switch api {
