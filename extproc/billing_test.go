@@ -3,6 +3,7 @@ package extproc
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,47 +55,39 @@ func TestAnthropicOneHourCacheWritesPricedAtTheExtendedRate(t *testing.T) {
 			t.Errorf("charged %v micro-dollars; Anthropic bills %d", got, billed)
 		}
 	})
-	t.Run("stream", func(t *testing.T) {
-		// message_start carries the cache split; message_delta the final
-		// output count.
-		start := `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-opus-5","content":[],` +
-			`"stop_reason":null,` + usage + `}}`
-		u := &upstream{Chunks: [][]byte{
-			anthropicEvent("message_start", start),
-			anthropicEvent("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`),
-			anthropicEvent("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}`),
+	// message_start carries the cache split; message_delta the final
+	// output count. A stream ended by an error event has no final count:
+	// it is charged the prompt as message_start reported it, on its cache
+	// split, one-hour writes included (docs/budgets.md, a stream that
+	// ended without the provider's final count).
+	start := `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-opus-5","content":[],` +
+		`"stop_reason":null,` + usage + `}}`
+	opening := [][]byte{
+		anthropicEvent("message_start", start),
+		anthropicEvent("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`),
+		anthropicEvent("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}`),
+	}
+	for name, end := range map[string][][]byte{
+		"stream": {
 			anthropicEvent("content_block_stop", `{"type":"content_block_stop","index":0}`),
 			anthropicEvent("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":12}}`),
 			anthropicEvent("message_stop", `{"type":"message_stop"}`),
-		}}
-		r := moneyRig(t, u, rigOptions{mode: streamedMode()})
-		if resp, _ := r.post(t, "/v1/messages", `{"model":"claude-opus-5","max_tokens":100,"stream":true,"messages":[]}`, nil); resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-		if got := charged(t, r.outcome(t)); got != billed {
-			t.Errorf("charged %v micro-dollars; Anthropic bills %d", got, billed)
-		}
-	})
-	t.Run("stream ended by an error", func(t *testing.T) {
-		// No final count: the prompt as message_start reported it, on
-		// its cache split, one-hour writes included (docs/budgets.md, a
-		// stream that ended without the provider's final count).
-		start := `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-opus-5","content":[],` +
-			`"stop_reason":null,` + usage + `}}`
-		u := &upstream{Chunks: [][]byte{
-			anthropicEvent("message_start", start),
-			anthropicEvent("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`),
-			anthropicEvent("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}`),
+		},
+		"stream ended by an error": {
 			anthropicEvent("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`),
-		}}
-		r := moneyRig(t, u, rigOptions{mode: streamedMode()})
-		if resp, _ := r.post(t, "/v1/messages", `{"model":"claude-opus-5","max_tokens":100,"stream":true,"messages":[]}`, nil); resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-		if got := charged(t, r.outcome(t)); got != billed {
-			t.Errorf("charged %v micro-dollars; Anthropic bills %d (the writes at the one-hour rate)", got, billed)
-		}
-	})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			u := &upstream{Chunks: append(slices.Clone(opening), end...)}
+			r := moneyRig(t, u, rigOptions{mode: streamedMode()})
+			if resp, _ := r.post(t, "/v1/messages", `{"model":"claude-opus-5","max_tokens":100,"stream":true,"messages":[]}`, nil); resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if got := charged(t, r.outcome(t)); got != billed {
+				t.Errorf("charged %v micro-dollars; Anthropic bills %d", got, billed)
+			}
+		})
+	}
 }
 
 // anthropicEvent is one event of an Anthropic stream.
