@@ -221,10 +221,13 @@ func (s *Service) SetOverrides(o admission.Overrides) {
 
 // plan is what one descriptor meets.
 type plan struct {
-	kind     string
-	node     *config.RLSDescriptor
-	policy   string
-	hits     uint64
+	kind   string
+	node   *config.RLSDescriptor
+	policy string
+	hits   uint64
+	// given: the hits were sent (the descriptor's hits_addend, or the
+	// call's above 0), not ratelimit's default of 1.
+	given    bool
 	negative bool
 	buckets  []buckets.Bucket
 	quotas   []buckets.Quota
@@ -524,11 +527,13 @@ func limitText(l *commonv3.RateLimitDescriptor_RateLimitOverride) string {
 	return strings.Join(parts, " ")
 }
 
-// allHits reports whether every descriptor of a call carries hits: a
-// stream-done call, never a check.
+// allHits reports whether every descriptor of a call carries hits it was
+// sent: a stream-done call, never a check, nor a request-path call whose
+// entries carry no hits_addend and count ratelimit's 1 each (AI Gateway's
+// QuotaPolicy, envoy-ratelimit.md §5.2), whose answer Envoy acts on.
 func allHits(plans []plan) bool {
 	for i := range plans {
-		if plans[i].hits == 0 {
+		if plans[i].hits == 0 || !plans[i].given {
 			return false
 		}
 	}
@@ -677,7 +682,7 @@ func hitsOf(req *rlsv3.RateLimitRequest, d *commonv3.RateLimitDescriptor) uint64
 // plan finds what descriptor d of req meets, and its buckets, quotas and
 // slots with the limits in force.
 func (s *Service) plan(m *mapping, req *rlsv3.RateLimitRequest, d *commonv3.RateLimitDescriptor) (plan, error) {
-	p := plan{hits: hitsOf(req, d), negative: d.GetIsNegativeHits()}
+	p := plan{hits: hitsOf(req, d), given: d.GetHitsAddend() != nil || req.GetHitsAddend() > 0, negative: d.GetIsNegativeHits()}
 	match, known, ok := m.cfg.MatchRLS(req.GetDomain(), d)
 	override := d.GetLimit()
 	// An unknown domain has no limit before a descriptor's own is looked

@@ -115,7 +115,8 @@ func (m *streamMetadata) snapshot() map[string]*structpb.Struct {
 
 // rlRequest is what the actions read of one request.
 type rlRequest struct {
-	header   func(string) (string, bool)
+	header   func(string) (string, bool) // repeated values joined by ","
+	first    func(string) (string, bool) // the first value only
 	query    map[string][]string
 	remote   netip.Addr // invalid when the downstream address is not IP
 	route    *rlRoute
@@ -384,7 +385,7 @@ func compileAction(a *routev3.RateLimit_Action, list policyList, formatValues bo
 		h := s.RequestHeaders
 		name, key, skip := strings.ToLower(h.GetHeaderName()), h.GetDescriptorKey(), h.GetSkipIfAbsent()
 		return func(rq *rlRequest) (string, string, bool) {
-			v, ok := rq.header(name)
+			v, ok := rq.first(name)
 			switch {
 			case ok:
 				return key, v, true

@@ -53,7 +53,7 @@ func (p *RateLimitProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.rq = &rlRequest{
-		header: s.header, query: r.URL.Query(), remote: p.remote(r), md: s.md,
+		header: s.header, first: s.firstHeader, query: r.URL.Query(), remote: p.remote(r), md: s.md,
 		service: p.cfg.ServiceCluster, internal: r.Header.Get("x-envoy-internal") == "true",
 	}
 	s.route = p.match(r, s.header)
@@ -77,6 +77,15 @@ func (p *RateLimitProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.decode()
 	s.end()
+}
+
+// firstHeader reads a request header as the request_headers action does:
+// its first value only (envoy-ratelimit.md §2.3), pseudo headers included.
+func (s *rlStream) firstHeader(name string) (string, bool) {
+	if vs, ok := s.hdrs[http.CanonicalHeaderKey(name)]; ok && len(vs) > 1 {
+		return vs[0], true
+	}
+	return s.header(name)
 }
 
 // header reads a request header as Envoy's header map has it: pseudo
