@@ -183,8 +183,10 @@ type Store struct {
 	replaying bool
 	replayed  chan struct{} // closed when the running replay ends
 	// inflight is set while the replay applies a write it took from
-	// pending: the write is not on the primary yet, and Pending counts it.
+	// pending, current: the write is not on the primary yet, and Pending
+	// counts it, and SavePending saves it.
 	inflight bool
+	current  pendingOp
 
 	gateways atomic.Int64 // alive at the last heartbeat, see Fleet
 
@@ -395,7 +397,7 @@ func (s *Store) replay(ctx context.Context) bool {
 		}
 		p := s.pending[0]
 		s.pending = s.pending[1:]
-		s.inflight = true
+		s.inflight, s.current = true, p
 		s.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := s.replayOne(cctx, p)
@@ -462,10 +464,10 @@ func (s *Store) Drain(ctx context.Context) int {
 			s.mu.Lock()
 			n, running, done := len(s.pending), s.replaying, s.replayed
 			s.mu.Unlock()
-			if n == 0 {
+			if n == 0 && !running {
 				return 0
 			}
-			if running {
+			if running { // its write in flight may yet fail and come back
 				select {
 				case <-done:
 					continue
@@ -512,6 +514,16 @@ func (s *Store) localBucket(b buckets.Bucket) buckets.Bucket {
 	b.MaxDebt *= scale
 	b.Limit = l
 	return b
+}
+
+// localReservation is a copy of r with its buckets mapped by localBucket.
+func (s *Store) localReservation(r *buckets.Reservation) *buckets.Reservation {
+	lr := *r
+	lr.Buckets = make([]buckets.Bucket, len(r.Buckets))
+	for i, b := range r.Buckets {
+		lr.Buckets[i] = s.localBucket(b)
+	}
+	return &lr
 }
 
 // localSlot is sl as the fallback checks it: with a Fleet, its maximum
@@ -592,7 +604,13 @@ func (s *Store) Reserve(ctx context.Context, req buckets.Request) (buckets.Decis
 // longer be checked.
 func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (bool, error) {
 	if _, ok := s.fallbackIDs.Load(r.ID); ok {
-		return s.local.Extend(ctx, r, n)
+		// At the fallback's limits, as it was reserved (localBucket keeps
+		// a bucket mapped already as it is): a caller may hand back the
+		// shared buckets (the lease store's demoted part does).
+		lr := s.localReservation(r)
+		ok, err := s.local.Extend(ctx, lr, n)
+		r.Extended = lr.Extended
+		return ok, err
 	}
 	if !s.skipPrimary() {
 		ok, err := s.primary.Extend(ctx, r, n)
@@ -613,12 +631,7 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 	if err := s.chargeRest(ctx, r.Quotas); err != nil {
 		return false, err
 	}
-	lr := *r
-	lr.Buckets = make([]buckets.Bucket, len(r.Buckets))
-	for i, b := range r.Buckets {
-		lr.Buckets[i] = s.localBucket(b)
-	}
-	ok, err := s.local.Extend(ctx, &lr, n)
+	ok, err := s.local.Extend(ctx, s.localReservation(r), n)
 	if err != nil || !ok {
 		return ok, err
 	}
@@ -629,6 +642,17 @@ func (s *Store) Extend(ctx context.Context, r *buckets.Reservation, n float64) (
 			return true, nil
 		}
 	}
+}
+
+// primaryPart is r without the local part of its extensions: what the
+// primary took of Extended, never below nothing. A caller that extends
+// one reservation in parts (the lease store's demoted buckets, then the
+// rest) has each part noted locally, while only the last raised the
+// Extended it settles with.
+func primaryPart(r *buckets.Reservation, local float64) *buckets.Reservation {
+	pr := *r
+	pr.Extended = max(0, pr.Extended-local)
+	return &pr
 }
 
 // Settle implements buckets.Store. Reservations taken locally settle
@@ -648,9 +672,7 @@ func (s *Store) Settle(ctx context.Context, r *buckets.Reservation, actual float
 		return st, err
 	}
 	if v, ok := s.localExtended.LoadAndDelete(r.ID); ok {
-		pr := *r
-		pr.Extended -= v.(float64)
-		r = &pr
+		r = primaryPart(r, v.(float64))
 	}
 	if s.skipPrimary() {
 		s.fallback("settle")
@@ -690,9 +712,7 @@ func (s *Store) SettleAsync(r *buckets.Reservation, actual float64, done func([]
 		return
 	}
 	if v, ok := s.localExtended.LoadAndDelete(r.ID); ok {
-		pr := *r
-		pr.Extended -= v.(float64)
-		r = &pr
+		r = primaryPart(r, v.(float64))
 	}
 	kept := *r
 	as.SettleAsync(r, actual, func(st []buckets.BucketState, err error) {

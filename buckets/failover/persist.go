@@ -25,7 +25,12 @@ const pendingVersion = 1
 // charges nothing twice.
 func (s *Store) SavePending(w io.Writer) (int, error) {
 	s.mu.Lock()
-	f := pendingFile{Version: pendingVersion, Pending: append([]pendingOp(nil), s.pending...)}
+	f := pendingFile{Version: pendingVersion}
+	if s.inflight {
+		// Being replayed, it may fail yet: saved too, as it applies once.
+		f.Pending = append(f.Pending, s.current)
+	}
+	f.Pending = append(f.Pending, s.pending...)
 	s.mu.Unlock()
 	if err := json.NewEncoder(w).Encode(f); err != nil {
 		return 0, fmt.Errorf("failover: save pending writes: %w", err)
