@@ -7,13 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tokengate/tokengate/buckets"
-	"github.com/tokengate/tokengate/buckets/bucketstest"
-	"github.com/tokengate/tokengate/buckets/failover"
-	"github.com/tokengate/tokengate/buckets/lease"
-	"github.com/tokengate/tokengate/buckets/redisstore"
 	"github.com/tokengate/tokengate/internal/redistest"
 )
 
@@ -31,13 +25,7 @@ import (
 // locally").
 func TestOutageExtensionOfLeasedAndInnerPartSettlesTheUsage(t *testing.T) {
 	srv := redistest.StartPersistent(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: time.Second})
-	t.Cleanup(func() { c.Close() })
-	clock := bucketstest.NewClock()
-	rs := redisstore.New(c, redisstore.Options{})
-	fo := failover.New(rs, failover.Options{Mode: failover.Open, Fallback: buckets.Limit{Capacity: 1000, Rate: 1e-9},
-		Backoff: time.Second, Now: clock.Now})
-	ls := lease.New(fo, rs, lease.Options{Backoff: time.Second, SweepEvery: -1, Now: clock.Now})
+	rs, fo, ls, clock := outageRig(t, srv, 1000)
 	ctx := context.Background()
 	w, err := buckets.ParseWindow("day", "UTC")
 	if err != nil {
@@ -91,13 +79,7 @@ func TestOutageExtensionOfLeasedAndInnerPartSettlesTheUsage(t *testing.T) {
 // without a quota.
 func TestOutageExtensionOfAFallbackReservationKeepsTheFallbackLimit(t *testing.T) {
 	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: time.Second})
-	t.Cleanup(func() { c.Close() })
-	clock := bucketstest.NewClock()
-	rs := redisstore.New(c, redisstore.Options{})
-	fo := failover.New(rs, failover.Options{Mode: failover.Open, Fallback: buckets.Limit{Capacity: 50, Rate: 1e-9},
-		Backoff: time.Second, Now: clock.Now})
-	ls := lease.New(fo, rs, lease.Options{Backoff: time.Second, SweepEvery: -1, Now: clock.Now})
+	_, _, ls, _ := outageRig(t, srv, 50)
 	ctx := context.Background()
 	w, err := buckets.ParseWindow("day", "UTC")
 	if err != nil {

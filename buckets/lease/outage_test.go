@@ -21,13 +21,7 @@ import (
 // fallback limit). When Redis answers again, leases resume.
 func TestOutageLeasesRunOutThenFailoverDecides(t *testing.T) {
 	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: time.Second})
-	t.Cleanup(func() { c.Close() })
-	clock := bucketstest.NewClock()
-	rs := redisstore.New(c, redisstore.Options{})
-	fo := failover.New(rs, failover.Options{Mode: failover.Open, Fallback: buckets.Limit{Capacity: 50, Rate: 1e-9},
-		Backoff: time.Second, Now: clock.Now})
-	ls := lease.New(fo, rs, lease.Options{Backoff: time.Second, SweepEvery: -1, Now: clock.Now})
+	_, fo, ls, clock := outageRig(t, srv, 50)
 	ctx := context.Background()
 	b := buckets.Bucket{Name: "provider", Key: "provider", Limit: buckets.Limit{Capacity: 1000, Rate: 1e-9},
 		Lease: &buckets.Lease{Size: 100}}
@@ -124,4 +118,18 @@ func TestOutageHardLeaseExtendsFromTheFallback(t *testing.T) {
 			}
 		})
 	}
+}
+
+// outageRig is a lease store over a failover store over the Redis at srv,
+// failing open to a fallback of capacity tokens, on a clock of its own.
+func outageRig(t *testing.T, srv *redistest.Server, capacity float64) (*redisstore.Store, *failover.Store, *lease.Store, *bucketstest.Clock) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { c.Close() })
+	clock := bucketstest.NewClock()
+	rs := redisstore.New(c, redisstore.Options{})
+	fo := failover.New(rs, failover.Options{Mode: failover.Open, Fallback: buckets.Limit{Capacity: capacity, Rate: 1e-9},
+		Backoff: time.Second, Now: clock.Now})
+	ls := lease.New(fo, rs, lease.Options{Backoff: time.Second, SweepEvery: -1, Now: clock.Now})
+	return rs, fo, ls, clock
 }
